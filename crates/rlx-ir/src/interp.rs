@@ -1,0 +1,1 @@
+//! Reference interpreter (in progress).

@@ -1,0 +1,22 @@
+//! rlx-ir: the graph IR of rlx.
+//!
+//! A [`Graph`] is a list of [`Node`]s in topological order. Builders record
+//! nodes without checking them; [`Graph::verify`] runs shape inference on
+//! every node and returns a structured [`IrError`]. [`interp`] is the naive
+//! reference interpreter that every backend is tested against.
+
+mod dtype;
+mod error;
+mod graph;
+pub mod infer;
+pub mod interp;
+pub mod op;
+mod shape;
+mod tensor;
+
+pub use dtype::DType;
+pub use error::IrError;
+pub use graph::{Graph, Node, NodeId};
+pub use op::{Activation, BinaryOp, MaskKind, Op, QuantScheme, ReduceOp, RopeStyle};
+pub use shape::{broadcast_dims, contiguous_strides, Shape};
+pub use tensor::{Tensor, TensorData};
