@@ -2,14 +2,13 @@
 //!
 //! A [`Graph`] is a list of [`Node`]s in topological order. Builders record
 //! nodes without checking them; [`Graph::verify`] runs shape inference on
-//! every node and returns a structured [`IrError`]. [`interp`] is the naive
+//! every node and returns a structured [`IrError`]. The `rlx-ref` crate holds the naive
 //! reference interpreter that every backend is tested against.
 
 mod dtype;
 mod error;
 mod graph;
 pub mod infer;
-pub mod interp;
 pub mod op;
 mod shape;
 mod tensor;

@@ -5,6 +5,20 @@
 //! - `MatMul` is `[.., M, K] x [.., K, N] -> [.., M, N]` with broadcast batch dims;
 //! - packed quantized weights for `DequantMatMul` are `U8 [N, row_bytes]`, one
 //!   GGUF row (K elements) per output feature.
+//!
+//! Numeric semantics every backend and the reference interpreter follow:
+//! - `LayerNorm`: `(x - mean) / sqrt(var + eps) * gamma + beta`, biased variance.
+//! - `RmsNorm`: `x / sqrt(mean(x^2) + eps) * gamma`.
+//! - `Attention`: `s = (q . k) * scale` (scale defaults to `1/sqrt(head_dim)`),
+//!   then softcap `c * tanh(s / c)` if set, then the mask, then softmax over keys.
+//!   Query head `h` reads kv head `h / (Hq / Hkv)`. A query row whose keys are
+//!   all masked outputs zeros. With `Bias`, masked means `-inf` in the bias.
+//! - `Rope`: for pair index `i < n_rot/2`, angle `pos * theta^(-2i/n_rot)`;
+//!   NeoX rotates `(x[i], x[i + n_rot/2])`, GPT-J rotates `(x[2i], x[2i+1])`;
+//!   `(a, b) -> (a cos - b sin, a sin + b cos)`. Dims `n_rot..head_dim` pass through.
+//! - `Cast`: float to integer truncates toward zero and saturates (Rust `as`);
+//!   anything to `Bool` is `x != 0`.
+//! - `Max`/`Min` propagate NaN. `Softmax` subtracts the row max first.
 
 use crate::{DType, Tensor};
 

@@ -1,1 +1,0 @@
-//! Reference interpreter (in progress).
