@@ -1,0 +1,251 @@
+use super::split::{describe, push_thunk, split_by};
+use super::{extract, CompiledSegment, Segment, SplitPolicy, SubGraph};
+use rlx_ir::{Graph, Node, NodeId};
+
+/// A backend's segment compiler.
+pub trait SegmentCompiler {
+    /// The backend's lowered form of one segment.
+    type Lowered;
+
+    /// Name used in reports.
+    fn name(&self) -> &'static str;
+
+    /// Capability: `Ok` when this compiler can take `node` (seen in its
+    /// graph, so shapes count), or the reason it cannot.
+    fn claims(&self, graph: &Graph, node: &Node) -> Result<(), String>;
+
+    /// Lower one extracted segment, or say why not.
+    fn try_lower(&self, sub: &SubGraph) -> Result<Self::Lowered, String>;
+}
+
+/// One executable step.
+#[derive(Debug)]
+pub enum Step<L> {
+    /// Thunks `start..end`, indexing `graph.nodes()`.
+    Thunks {
+        /// First node index.
+        start: usize,
+        /// One past the last node index.
+        end: usize,
+    },
+    /// A lowered segment.
+    Compiled {
+        /// Which nodes and boundaries.
+        segment: CompiledSegment,
+        /// The extracted sub-graph it was lowered from.
+        sub: SubGraph,
+        /// The backend's plan.
+        lowered: L,
+    },
+}
+
+/// Why an op in a thunk range is there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RangeOp {
+    /// The node.
+    pub node: NodeId,
+    /// Op name.
+    pub op: &'static str,
+    /// The rule that kept it out of a compiled segment.
+    pub reason: String,
+}
+
+/// One thunk range, explained.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RangeReport {
+    /// First node index.
+    pub start: usize,
+    /// One past the last node index.
+    pub end: usize,
+    /// Compute ops in the range (leaves omitted) and why each stayed out.
+    pub ops: Vec<RangeOp>,
+}
+
+/// One compiled segment, summarized.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SegmentReport {
+    /// Ops in the segment.
+    pub nodes: usize,
+    /// First and last node.
+    pub first: NodeId,
+    /// Last node.
+    pub last: NodeId,
+    /// Boundary inputs.
+    pub boundary_inputs: Vec<NodeId>,
+    /// Boundary outputs.
+    pub boundary_outputs: Vec<NodeId>,
+}
+
+/// What a compile did (DESIGN.md invariant 5).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PlanReport {
+    /// Compiled segments in the plan.
+    pub compiled_segments: usize,
+    /// Thunk ranges in the plan.
+    pub thunk_ranges: usize,
+    /// Dispatches per run: one per compiled segment plus one per compute thunk.
+    pub dispatches: usize,
+    /// Dispatches the same graph takes on thunks alone.
+    pub dispatches_thunks_only: usize,
+    /// Every thunk range, in order, explained.
+    pub ranges: Vec<RangeReport>,
+    /// Every compiled segment, in order.
+    pub segments: Vec<SegmentReport>,
+    /// Segments the backend declined, with its reason.
+    pub declined: Vec<(NodeId, String)>,
+}
+
+/// A split, lowered schedule.
+#[derive(Debug)]
+pub struct HybridPlan<L> {
+    /// Steps in execution order.
+    pub steps: Vec<Step<L>>,
+    /// What the planner did.
+    pub report: PlanReport,
+}
+
+impl<L> HybridPlan<L> {
+    /// The all-thunks plan for `graph` (no compiled step).
+    pub fn thunks_only(graph: &Graph) -> Self {
+        let reasons = vec![Some("mode: thunks".to_string()); graph.len()];
+        let segs = split_by(graph, |_| false);
+        finish(graph, segs.into_iter().map(as_thunk_step).collect(), &reasons, vec![])
+    }
+}
+
+fn as_thunk_step<L>(s: Segment) -> Step<L> {
+    match s {
+        Segment::Thunks { start, end } => Step::Thunks { start, end },
+        Segment::Compiled(_) => unreachable!("split_by with a false predicate yields only thunks"),
+    }
+}
+
+/// Split `graph` by `policy` and the compiler's capability, then lower each
+/// segment. Declined segments fall back to thunks; later segments still try.
+/// A plan with no compiled step is the plain thunk plan.
+pub fn build_plan<C: SegmentCompiler>(
+    graph: &Graph,
+    policy: &SplitPolicy,
+    compiler: &C,
+) -> HybridPlan<C::Lowered> {
+    let mut reasons: Vec<Option<String>> = graph
+        .nodes()
+        .iter()
+        .map(|n| {
+            if n.op.is_leaf() {
+                None
+            } else if !policy.allows(&n.op) {
+                Some(SplitPolicy::rule_for(&n.op).to_string())
+            } else {
+                compiler
+                    .claims(graph, n)
+                    .err()
+                    .map(|why| format!("capability: {} does not take it: {why}", compiler.name()))
+            }
+        })
+        .collect();
+    let segs = split_by(graph, |i| reasons[i].is_none());
+    let mut steps: Vec<Step<C::Lowered>> = Vec::new();
+    let mut declined = Vec::new();
+    let mut thunks: Vec<Segment> = Vec::new();
+    let users = graph.users_all();
+    for s in segs {
+        match s {
+            Segment::Thunks { start, end } => {
+                for i in start..end {
+                    push_thunk_step(&mut steps, &mut thunks, graph, i);
+                }
+            }
+            Segment::Compiled(seg) => {
+                let seg = describe(graph, &users, seg.nodes);
+                let sub = extract(graph, &seg);
+                match compiler.try_lower(&sub) {
+                    Ok(lowered) => steps.push(Step::Compiled {
+                        segment: seg,
+                        sub,
+                        lowered,
+                    }),
+                    Err(why) => {
+                        for &n in &seg.nodes {
+                            reasons[n.index()] =
+                                Some(format!("declined: {} segment: {why}", compiler.name()));
+                            push_thunk_step(&mut steps, &mut thunks, graph, n.index());
+                        }
+                        declined.push((seg.nodes[0], why));
+                    }
+                }
+            }
+        }
+    }
+    if !steps.iter().any(|s| matches!(s, Step::Compiled { .. })) {
+        let mut p = HybridPlan::thunks_only(graph);
+        p.report.declined = declined;
+        return p;
+    }
+    finish(graph, steps, &reasons, declined)
+}
+
+fn push_thunk_step<L>(steps: &mut Vec<Step<L>>, scratch: &mut Vec<Segment>, graph: &Graph, i: usize) {
+    scratch.clear();
+    if let Some(Step::Thunks { start, end }) = steps.last() {
+        scratch.push(Segment::Thunks {
+            start: *start,
+            end: *end,
+        });
+        steps.pop();
+    }
+    push_thunk(scratch, graph.nodes(), i);
+    for s in scratch.drain(..) {
+        steps.push(as_thunk_step(s));
+    }
+}
+
+fn finish<L>(
+    graph: &Graph,
+    steps: Vec<Step<L>>,
+    reasons: &[Option<String>],
+    declined: Vec<(NodeId, String)>,
+) -> HybridPlan<L> {
+    let compute = |r: std::ops::Range<usize>| {
+        graph.nodes()[r].iter().filter(|n| !n.op.is_leaf()).count()
+    };
+    let mut report = PlanReport {
+        dispatches_thunks_only: compute(0..graph.len()),
+        declined,
+        ..Default::default()
+    };
+    for s in &steps {
+        match s {
+            Step::Thunks { start, end } => {
+                report.thunk_ranges += 1;
+                report.dispatches += compute(*start..*end);
+                let ops = graph.nodes()[*start..*end]
+                    .iter()
+                    .filter(|n| !n.op.is_leaf())
+                    .map(|n| RangeOp {
+                        node: n.id,
+                        op: n.op.name(),
+                        reason: reasons[n.id.index()].clone().unwrap_or_default(),
+                    })
+                    .collect();
+                report.ranges.push(RangeReport {
+                    start: *start,
+                    end: *end,
+                    ops,
+                });
+            }
+            Step::Compiled { segment, .. } => {
+                report.compiled_segments += 1;
+                report.dispatches += 1;
+                report.segments.push(SegmentReport {
+                    nodes: segment.nodes.len(),
+                    first: segment.nodes[0],
+                    last: *segment.nodes.last().expect("segments are non-empty"),
+                    boundary_inputs: segment.boundary_inputs.clone(),
+                    boundary_outputs: segment.boundary_outputs.clone(),
+                });
+            }
+        }
+    }
+    HybridPlan { steps, report }
+}
