@@ -1,1 +1,15 @@
-//! placeholder
+//! rlx-cpu: the CPU backend.
+//!
+//! - [`kernels`]: one reference-checked kernel per op (the thunks).
+//! - [`CpuModel`]: a graph compiled for the CPU, run as thunks or as a hybrid
+//!   plan whose compiled segments come from [`FusedCompiler`].
+//! - [`FusedCompiler`]: the CPU segment compiler. It lowers a segment of
+//!   row-local ops to a fused plan that runs in one parallel region.
+
+mod arena;
+mod executor;
+mod fused;
+pub mod kernels;
+
+pub use executor::{CpuModel, CpuOptions};
+pub use fused::{FusedCompiler, FusedPlan};

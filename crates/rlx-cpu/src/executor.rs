@@ -1,0 +1,573 @@
+//! The CPU executor: binds inputs into the arena, walks the plan's steps,
+//! dispatches thunks and compiled segments, and reads the outputs back.
+
+use crate::arena::{region, region_mut, split_io, Region};
+use crate::fused::{FusedCompiler, FusedPlan};
+use crate::kernels::{self, In};
+use rlx_ir::{DType, Graph, Node, NodeId, Op, Tensor, TensorData};
+use rlx_runtime::hybrid::{build_plan, HybridPlan, PlanReport, SplitPolicy, Step};
+use rlx_runtime::memory::{plan_memory, MemoryPlan, Tick};
+use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef};
+use std::collections::{HashMap, HashSet};
+
+/// How to compile a graph for the CPU.
+#[derive(Debug, Clone)]
+pub struct CpuOptions {
+    /// Split into compiled segments and thunk ranges (else thunks only).
+    pub hybrid: bool,
+    /// Which ops may enter compiled segments.
+    pub policy: SplitPolicy,
+    /// Worker threads; `None` uses rayon's global pool.
+    pub threads: Option<usize>,
+    /// Fill every tensor with NaN bytes once its last reader has run. A test
+    /// aid: a plan that frees memory too early then shows up as NaN.
+    pub poison_freed: bool,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions {
+            hybrid: false,
+            policy: SplitPolicy::default(),
+            threads: None,
+            poison_freed: false,
+        }
+    }
+}
+
+/// One planned graph with its arena.
+struct Core {
+    graph: Graph,
+    steps: Vec<Step<FusedPlan>>,
+    report: PlanReport,
+    mem: MemoryPlan,
+    arena: Vec<u64>,
+    scratch_bytes: usize,
+}
+
+/// Whether the CPU runs `node` as an alias of its first input, and at which byte offset.
+fn cpu_view(graph: &Graph, node: &Node) -> Option<(NodeId, usize)> {
+    let src = *node.inputs.first()?;
+    let s = &graph.node(src).shape;
+    match &node.op {
+        Op::Reshape { .. } => Some((src, 0)),
+        Op::Cast { to } if *to == s.dtype => Some((src, 0)),
+        Op::Expand { shape } if *shape == s.dims => Some((src, 0)),
+        Op::Narrow { axis, start, .. } if s.dims[..*axis].iter().all(|&d| d == 1) => {
+            Some((src, start * s.strides()[*axis] * s.dtype.size_bytes()))
+        }
+        _ => None,
+    }
+}
+
+impl Core {
+    fn new(graph: Graph, opts: &CpuOptions) -> Result<Core, RuntimeError> {
+        let plan = if opts.hybrid {
+            build_plan(&graph, &opts.policy, &FusedCompiler::default())
+        } else {
+            HybridPlan::thunks_only(&graph)
+        };
+        let mut ticks = Vec::new();
+        for s in &plan.steps {
+            match s {
+                Step::Thunks { start, end } => ticks.extend(
+                    graph.nodes()[*start..*end]
+                        .iter()
+                        .filter(|n| !n.op.is_leaf())
+                        .map(|n| Tick::Node(n.id)),
+                ),
+                Step::Compiled { segment, .. } => ticks.push(Tick::Segment {
+                    inputs: segment.boundary_inputs.clone(),
+                    outputs: segment.boundary_outputs.clone(),
+                }),
+            }
+        }
+        let mem = plan_memory(&graph, &ticks, |n| cpu_view(&graph, n));
+        let scratch_bytes = plan
+            .steps
+            .iter()
+            .map(|s| match s {
+                Step::Compiled { lowered, .. } => lowered.scratch_bytes(),
+                Step::Thunks { .. } => 0,
+            })
+            .sum();
+        Ok(Core {
+            arena: vec![0u64; mem.arena_bytes.div_ceil(8)],
+            graph,
+            steps: plan.steps,
+            report: plan.report,
+            mem,
+            scratch_bytes,
+        })
+    }
+
+    fn region(&self, id: NodeId) -> Option<Region> {
+        self.mem.placements[id.index()].map(|p| Region {
+            offset: p.offset,
+            bytes: p.bytes,
+            dtype: self.graph.node(id).shape.dtype,
+        })
+    }
+
+    fn execute(
+        &mut self,
+        inputs: &HashMap<NodeId, TensorRef<'_>>,
+        params: &HashMap<String, Tensor>,
+        poison: bool,
+    ) -> Result<Vec<Tensor>, RuntimeError> {
+        for (&id, data) in inputs {
+            if let Some(r) = self.region(id) {
+                let dst = region_mut(&mut self.arena, r).ok_or_else(|| internal(id, "input slot"))?;
+                dst.copy_from_slice(ref_bytes(data));
+            }
+        }
+        let Core {
+            graph,
+            steps,
+            mem,
+            arena,
+            ..
+        } = self;
+        let regions: Vec<Option<Region>> = graph
+            .nodes()
+            .iter()
+            .map(|n| {
+                mem.placements[n.id.index()].map(|p| Region {
+                    offset: p.offset,
+                    bytes: p.bytes,
+                    dtype: n.shape.dtype,
+                })
+            })
+            .collect();
+        let mut tick = 0usize;
+        for step in steps.iter_mut() {
+            match step {
+                Step::Thunks { start, end } => {
+                    for node in &graph.nodes()[*start..*end] {
+                        if node.op.is_leaf() {
+                            continue;
+                        }
+                        tick += 1;
+                        let p = mem.placements[node.id.index()]
+                            .ok_or_else(|| internal(node.id, "no arena slot"))?;
+                        if p.root == node.id {
+                            run_thunk(graph, node, &regions, arena, params)?;
+                        }
+                        if poison {
+                            poison_tick(mem, &regions, arena, tick);
+                        }
+                    }
+                }
+                Step::Compiled {
+                    segment, lowered, ..
+                } => {
+                    tick += 1;
+                    let outs: Vec<Region> = segment
+                        .boundary_outputs
+                        .iter()
+                        .map(|&o| regions[o.index()].ok_or_else(|| internal(o, "segment output slot")))
+                        .collect::<Result<_, _>>()?;
+                    let (srcs, arena_ins) = sources(graph, &segment.boundary_inputs, &regions);
+                    let (outs, ins) = split_io(arena, &outs, &arena_ins)
+                        .ok_or_else(|| internal(segment.nodes[0], "segment regions overlap"))?;
+                    let ins = resolve(graph, &srcs, ins, params)?;
+                    lowered.run(&ins, outs).map_err(|(node, message)| RuntimeError::Kernel {
+                        node,
+                        op: graph.node(node).op.name().to_string(),
+                        message,
+                    })?;
+                    if poison {
+                        poison_tick(mem, &regions, arena, tick);
+                    }
+                }
+            }
+        }
+        graph
+            .outputs
+            .iter()
+            .map(|&o| match regions[o.index()] {
+                Some(r) => {
+                    let b = region(arena, r).ok_or_else(|| internal(o, "output slot"))?;
+                    Ok(tensor_from_bytes(&graph.node(o).shape, b))
+                }
+                None => external(graph.node(o), params).map(|i| tensor_from_in(&graph.node(o).shape, i)),
+            })
+            .collect()
+    }
+}
+
+fn internal(node: NodeId, what: &str) -> RuntimeError {
+    RuntimeError::Kernel {
+        node,
+        op: "executor".into(),
+        message: format!("internal planner error: {what}"),
+    }
+}
+
+fn poison_tick(mem: &MemoryPlan, regions: &[Option<Region>], arena: &mut [u64], tick: usize) {
+    for &id in &mem.frees[tick] {
+        if let Some(b) = regions[id.index()].and_then(|r| region_mut(arena, r)) {
+            b.fill(0xFF);
+        }
+    }
+}
+
+/// Where each input of a step comes from: the arena (index into the list of
+/// arena regions) or an external buffer (param, constant).
+enum Src {
+    Arena(usize),
+    External(NodeId),
+}
+
+fn sources(graph: &Graph, ids: &[NodeId], regions: &[Option<Region>]) -> (Vec<Src>, Vec<Region>) {
+    let mut arena = Vec::new();
+    let srcs = ids
+        .iter()
+        .map(|&i| match regions[i.index()] {
+            Some(r) if !graph.node(i).op.is_leaf() || matches!(graph.node(i).op, Op::Input { .. }) => {
+                arena.push(r);
+                Src::Arena(arena.len() - 1)
+            }
+            _ => Src::External(i),
+        })
+        .collect();
+    (srcs, arena)
+}
+
+fn resolve<'a>(
+    graph: &'a Graph,
+    srcs: &[Src],
+    arena_ins: Vec<In<'a>>,
+    params: &'a HashMap<String, Tensor>,
+) -> Result<Vec<In<'a>>, RuntimeError> {
+    srcs.iter()
+        .map(|s| match s {
+            Src::Arena(i) => Ok(arena_ins[*i]),
+            Src::External(id) => external(graph.node(*id), params),
+        })
+        .collect()
+}
+
+fn external<'a>(node: &'a Node, params: &'a HashMap<String, Tensor>) -> Result<In<'a>, RuntimeError> {
+    match &node.op {
+        Op::Param { name } => params
+            .get(name)
+            .map(tensor_in)
+            .ok_or_else(|| RuntimeError::MissingParam {
+                name: name.clone(),
+                shape: node.shape.clone(),
+            }),
+        Op::Constant { value } => Ok(tensor_in(value)),
+        _ => Err(internal(node.id, "value has no home")),
+    }
+}
+
+fn run_thunk(
+    graph: &Graph,
+    node: &Node,
+    regions: &[Option<Region>],
+    arena: &mut [u64],
+    params: &HashMap<String, Tensor>,
+) -> Result<(), RuntimeError> {
+    let out = regions[node.id.index()].ok_or_else(|| internal(node.id, "thunk output slot"))?;
+    let (srcs, arena_ins) = sources(graph, &node.inputs, regions);
+    let (mut outs, ins) =
+        split_io(arena, &[out], &arena_ins).ok_or_else(|| internal(node.id, "thunk regions overlap"))?;
+    let ins = resolve(graph, &srcs, ins, params)?;
+    let shapes: Vec<&rlx_ir::Shape> = node.inputs.iter().map(|&i| &graph.node(i).shape).collect();
+    let out = outs.pop().expect("one output region");
+    kernels::run_op(&node.op, &ins, &shapes, out, &node.shape).map_err(|e| RuntimeError::Kernel {
+        node: node.id,
+        op: node.op.describe(),
+        message: e.to_string(),
+    })
+}
+
+fn tensor_in(t: &Tensor) -> In<'_> {
+    match &*t.data {
+        TensorData::F32(v) => In::F32(v),
+        TensorData::I32(v) => In::I32(v),
+        TensorData::I64(v) => In::I64(v),
+        TensorData::U8(v) => In::U8(v),
+    }
+}
+
+fn ref_bytes<'a>(r: &TensorRef<'a>) -> &'a [u8] {
+    match *r {
+        TensorRef::F32(v) => bytemuck::cast_slice(v),
+        TensorRef::I32(v) => bytemuck::cast_slice(v),
+        TensorRef::I64(v) => bytemuck::cast_slice(v),
+        TensorRef::U8(v) => v,
+    }
+}
+
+fn tensor_from_in(shape: &rlx_ir::Shape, i: In<'_>) -> Tensor {
+    let data = match i {
+        In::F32(v) => TensorData::F32(v.to_vec()),
+        In::I32(v) => TensorData::I32(v.to_vec()),
+        In::I64(v) => TensorData::I64(v.to_vec()),
+        In::U8(v) => TensorData::U8(v.to_vec()),
+    };
+    Tensor {
+        shape: shape.clone(),
+        data: data.into(),
+    }
+}
+
+fn tensor_from_bytes(shape: &rlx_ir::Shape, b: &[u8]) -> Tensor {
+    let data = match shape.dtype {
+        DType::F32 => TensorData::F32(bytemuck::pod_collect_to_vec(b)),
+        DType::I32 => TensorData::I32(bytemuck::pod_collect_to_vec(b)),
+        DType::I64 => TensorData::I64(bytemuck::pod_collect_to_vec(b)),
+        _ => TensorData::U8(b.to_vec()),
+    };
+    Tensor {
+        shape: shape.clone(),
+        data: data.into(),
+    }
+}
+
+fn ref_to_tensor(shape: &rlx_ir::Shape, r: TensorRef<'_>) -> Tensor {
+    let data = match r {
+        TensorRef::F32(v) => TensorData::F32(v.to_vec()),
+        TensorRef::I32(v) => TensorData::I32(v.to_vec()),
+        TensorRef::I64(v) => TensorData::I64(v.to_vec()),
+        TensorRef::U8(v) => TensorData::U8(v.to_vec()),
+    };
+    Tensor {
+        shape: shape.clone(),
+        data: data.into(),
+    }
+}
+
+fn check_buffer(name: &str, shape: &rlx_ir::Shape, r: &TensorRef<'_>) -> Result<(), RuntimeError> {
+    let want = match shape.dtype {
+        DType::Bool => DType::U8,
+        d => d,
+    };
+    if r.dtype() != want {
+        return Err(RuntimeError::WrongDType {
+            name: name.into(),
+            shape: shape.clone(),
+            expected: shape.dtype,
+            got: r.dtype(),
+        });
+    }
+    if r.len() != shape.numel() {
+        return Err(RuntimeError::WrongLength {
+            name: name.into(),
+            shape: shape.clone(),
+            expected: shape.numel(),
+            got: r.len(),
+        });
+    }
+    Ok(())
+}
+
+/// Nodes computed from params and constants alone: evaluated once per
+/// change of params, not on every run.
+fn static_nodes(graph: &Graph) -> Vec<bool> {
+    let mut s = vec![false; graph.len()];
+    for n in graph.nodes() {
+        s[n.id.index()] = !n.op.is_leaf()
+            && n.inputs.iter().all(|&i| {
+                s[i.index()] || matches!(graph.node(i).op, Op::Param { .. } | Op::Constant { .. })
+            });
+    }
+    s
+}
+
+/// The param-derived part of a graph, run as thunks when params change.
+struct Prep {
+    core: Core,
+    /// Name under which each prep output is stored among the params.
+    names: Vec<String>,
+}
+
+/// A graph compiled for the CPU.
+pub struct CpuModel {
+    core: Core,
+    prep: Option<Prep>,
+    params: HashMap<String, Tensor>,
+    param_shapes: HashMap<String, rlx_ir::Shape>,
+    inputs: Vec<(String, NodeId, rlx_ir::Shape)>,
+    dirty: bool,
+    pool: Option<rayon::ThreadPool>,
+    poison: bool,
+}
+
+impl CpuModel {
+    /// Verify and plan `graph` for the CPU.
+    pub fn compile(graph: Graph, opts: &CpuOptions) -> Result<CpuModel, RuntimeError> {
+        graph.verify()?;
+        let is_static = static_nodes(&graph);
+        let users = graph.users_all();
+        let frontier: Vec<NodeId> = graph
+            .nodes()
+            .iter()
+            .filter(|n| {
+                is_static[n.id.index()]
+                    && (graph.outputs.contains(&n.id)
+                        || users[n.id.index()].iter().any(|u| !is_static[u.index()]))
+            })
+            .map(|n| n.id)
+            .collect();
+        let static_name = |id: NodeId| format!("%static.{}", id.0);
+        let mut main = Graph::new(graph.name.clone());
+        let mut prep_graph = Graph::new(format!("{}.prep", graph.name));
+        let mut prep_map: HashMap<NodeId, NodeId> = HashMap::new();
+        for n in graph.nodes() {
+            if is_static[n.id.index()] {
+                main.add_node(Op::Param { name: static_name(n.id) }, vec![], n.shape.clone());
+                for &i in &n.inputs {
+                    if !prep_map.contains_key(&i) {
+                        let leaf = graph.node(i);
+                        prep_map.insert(i, prep_graph.add_node(leaf.op.clone(), vec![], leaf.shape.clone()));
+                    }
+                }
+                let ins = n.inputs.iter().map(|i| prep_map[i]).collect();
+                prep_map.insert(n.id, prep_graph.add_node(n.op.clone(), ins, n.shape.clone()));
+            } else {
+                main.add_node(n.op.clone(), n.inputs.clone(), n.shape.clone());
+            }
+        }
+        main.set_outputs(graph.outputs.clone());
+        let prep = if frontier.is_empty() {
+            None
+        } else {
+            prep_graph.set_outputs(frontier.iter().map(|f| prep_map[f]).collect());
+            let thunks = CpuOptions {
+                hybrid: false,
+                ..opts.clone()
+            };
+            Some(Prep {
+                core: Core::new(prep_graph, &thunks)?,
+                names: frontier.iter().map(|&f| static_name(f)).collect(),
+            })
+        };
+        let mut param_shapes = HashMap::new();
+        let mut inputs = Vec::new();
+        for n in graph.nodes() {
+            match &n.op {
+                Op::Param { name } => {
+                    param_shapes.insert(name.clone(), n.shape.clone());
+                }
+                Op::Input { name } => inputs.push((name.clone(), n.id, n.shape.clone())),
+                _ => {}
+            }
+        }
+        let pool = match opts.threads {
+            Some(t) => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t)
+                    .build()
+                    .map_err(|e| RuntimeError::Unsupported(format!("thread pool: {e}")))?,
+            ),
+            None => None,
+        };
+        Ok(CpuModel {
+            core: Core::new(main, opts)?,
+            prep,
+            params: HashMap::new(),
+            param_shapes,
+            inputs,
+            dirty: true,
+            pool,
+            poison: opts.poison_freed,
+        })
+    }
+
+    /// Bytes of the memory plan's safety check: no two live tensors overlap.
+    pub fn check_memory_plan(&self) -> Result<(), (NodeId, NodeId)> {
+        self.core.mem.check_no_overlap()
+    }
+
+    /// The graph actually executed (param-only nodes replaced by `%static.N` params).
+    pub fn graph(&self) -> &Graph {
+        &self.core.graph
+    }
+
+    fn run_inner(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {
+        let mut bound: HashMap<NodeId, TensorRef<'_>> = HashMap::new();
+        let mut seen = HashSet::new();
+        for (name, data) in inputs {
+            let Some((_, id, shape)) = self.inputs.iter().find(|(n, _, _)| n == name) else {
+                return Err(RuntimeError::UnknownInput {
+                    name: name.to_string(),
+                    known: self.inputs.iter().map(|i| i.0.as_str()).collect::<Vec<_>>().join(", "),
+                });
+            };
+            if !seen.insert(*name) {
+                return Err(RuntimeError::DuplicateInput {
+                    name: name.to_string(),
+                });
+            }
+            check_buffer(name, shape, data)?;
+            bound.insert(*id, *data);
+        }
+        if let Some((name, _, shape)) = self.inputs.iter().find(|(n, _, _)| !seen.contains(n.as_str())) {
+            return Err(RuntimeError::MissingInput {
+                name: name.clone(),
+                shape: shape.clone(),
+            });
+        }
+        let mut missing: Vec<_> = self
+            .param_shapes
+            .iter()
+            .filter(|(n, _)| !self.params.contains_key(*n))
+            .collect();
+        missing.sort_by(|a, b| a.0.cmp(b.0));
+        if let Some((name, shape)) = missing.first() {
+            return Err(RuntimeError::MissingParam {
+                name: name.to_string(),
+                shape: (*shape).clone(),
+            });
+        }
+        if self.dirty {
+            if let Some(prep) = &mut self.prep {
+                let outs = prep.core.execute(&HashMap::new(), &self.params, false)?;
+                for (name, t) in prep.names.iter().zip(outs) {
+                    self.params.insert(name.clone(), t);
+                }
+            }
+            self.dirty = false;
+        }
+        self.core.execute(&bound, &self.params, self.poison)
+    }
+}
+
+impl Executable for CpuModel {
+    fn set_param(&mut self, name: &str, value: TensorRef<'_>) -> Result<(), RuntimeError> {
+        let shape = self
+            .param_shapes
+            .get(name)
+            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
+        check_buffer(name, shape, &value)?;
+        self.params.insert(name.to_string(), ref_to_tensor(shape, value));
+        self.dirty = true;
+        Ok(())
+    }
+
+    fn run(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {
+        match self.pool.take() {
+            Some(pool) => {
+                let r = pool.install(|| self.run_inner(inputs));
+                self.pool = Some(pool);
+                r
+            }
+            None => self.run_inner(inputs),
+        }
+    }
+
+    fn report(&self) -> &PlanReport {
+        &self.core.report
+    }
+
+    fn memory(&self) -> MemoryStats {
+        MemoryStats {
+            arena_bytes: self.core.mem.arena_bytes,
+            naive_bytes: self.core.mem.naive_bytes,
+            scratch_bytes: self.core.scratch_bytes,
+        }
+    }
+}

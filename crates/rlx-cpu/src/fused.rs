@@ -1,0 +1,691 @@
+//! The CPU segment compiler.
+//!
+//! It claims row-local ops: ops where output row `r` (over all leading dims)
+//! depends only on row `r` of its row-shaped inputs, plus whole weights and
+//! vectors. A segment of such ops lowers to a [`FusedPlan`] that splits the
+//! rows into chunks and runs the whole segment on each chunk inside one
+//! rayon parallel region: one fork/join per segment, and every intermediate
+//! stays in a chunk-sized, cache-resident scratch buffer.
+//!
+//! Folding done at lower time:
+//! - views: Reshape keeping the last dim, same-dtype Cast and last-axis
+//!   Narrow become strided reads of their source (no copy);
+//! - epilogues: Activation and Binary ops whose input is an intermediate
+//!   with no other reader run in place on that buffer, i.e. in the epilogue
+//!   of the producing matmul while its rows are hot in cache;
+//! - FusedMatMulBiasAct applies bias and activation per row block.
+
+use crate::kernels::{elementwise, matmul, norm, softmax, In, Out};
+use rayon::prelude::*;
+use rlx_ir::{Activation, BinaryOp, DType, Graph, Node, NodeId, Op, Shape};
+use rlx_runtime::hybrid::{SegmentCompiler, SubGraph};
+use std::sync::Mutex;
+
+/// Rows per chunk at most; bounds scratch memory and keeps chunks in cache.
+const MAX_CHUNK_ROWS: usize = 64;
+
+/// The CPU segment compiler (see the module docs).
+#[derive(Debug, Clone, Default)]
+pub struct FusedCompiler;
+
+fn rows_of(s: &Shape) -> usize {
+    if s.rank() == 0 {
+        1
+    } else {
+        s.numel() / s.last_dim().max(1)
+    }
+}
+
+fn is_weight(g: &Graph, id: NodeId) -> bool {
+    matches!(g.node(id).op, Op::Param { .. } | Op::Constant { .. })
+}
+
+/// How an operand of shape `d` broadcasts over rows of `out`: `Some(true)`
+/// when its last dim is 1 (one value per row), `Some(false)` when it matches.
+fn row_broadcastable(d: &[usize], out: &[usize]) -> Option<bool> {
+    let r = out.len();
+    if d.len() > r || r == 0 {
+        return None;
+    }
+    let pad: Vec<usize> = std::iter::repeat(1).take(r - d.len()).chain(d.iter().copied()).collect();
+    let last = pad[r - 1];
+    if last != out[r - 1] && last != 1 {
+        return None;
+    }
+    let lead = &pad[..r - 1];
+    let k = lead.iter().position(|&x| x != 1).unwrap_or(r - 1);
+    (lead[k..] == out[k..r - 1]).then_some(last == 1 && out[r - 1] != 1)
+}
+
+impl SegmentCompiler for FusedCompiler {
+    type Lowered = FusedPlan;
+
+    fn name(&self) -> &'static str {
+        "cpu-fused"
+    }
+
+    fn claims(&self, g: &Graph, n: &Node) -> Result<(), String> {
+        let f32s = n.shape.dtype == DType::F32
+            && n.inputs.iter().all(|&i| {
+                g.node(i).shape.dtype == DType::F32 || matches!(n.op, Op::Gather { .. })
+            });
+        if !f32s {
+            return Err("only f32 row-local ops are fused".into());
+        }
+        if n.shape.rank() == 0 {
+            return Err("scalar output".into());
+        }
+        let in_shape = |k: usize| &g.node(n.inputs[k]).shape;
+        match &n.op {
+            Op::MatMul | Op::FusedMatMulBiasAct { .. } => {
+                if in_shape(1).rank() == 2 && is_weight(g, n.inputs[1]) {
+                    Ok(())
+                } else {
+                    Err("matmul rhs is not a rank-2 weight".into())
+                }
+            }
+            Op::Activation(_)
+            | Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::FusedResidualLN { .. }
+            | Op::FusedResidualRmsNorm { .. }
+            | Op::FusedSwiGLU { .. } => Ok(()),
+            Op::Softmax { axis } if *axis + 1 == n.shape.rank() => Ok(()),
+            Op::Binary(_) => {
+                for k in 0..2 {
+                    if row_broadcastable(&in_shape(k).dims, &n.shape.dims).is_none() {
+                        return Err(format!(
+                            "operand {} does not broadcast over rows of {}",
+                            in_shape(k),
+                            n.shape
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            Op::Narrow { axis, .. } if *axis + 1 == n.shape.rank() => Ok(()),
+            Op::Reshape { .. } if in_shape(0).last_dim() == n.shape.last_dim() && in_shape(0).rank() > 0 => Ok(()),
+            Op::Cast { to } if *to == in_shape(0).dtype => Ok(()),
+            Op::Gather { axis: 0 } if in_shape(0).rank() == 2 && is_weight(g, n.inputs[0]) => Ok(()),
+            other => Err(format!("{} is not row-local", other.name())),
+        }
+    }
+
+    fn try_lower(&self, sub: &SubGraph) -> Result<FusedPlan, String> {
+        FusedPlan::lower(sub)
+    }
+}
+
+/// Which source row a value's chunk-local row reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum RowMap {
+    /// Global row `r` (boundary inputs with one row per segment row).
+    Global,
+    /// Always row 0 (a vector broadcast over rows).
+    Const,
+    /// Global row `r % p` (e.g. `[S, D]` added to `[B, S, D]`).
+    Periodic(usize),
+    /// Chunk-local row (an intermediate in scratch).
+    Local,
+}
+
+/// Where a value lives and how to read its rows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct View {
+    /// Boundary input index, or scratch slot.
+    src: Src,
+    map: RowMap,
+    /// Column offset within a source row.
+    col: usize,
+    /// Elements between source rows.
+    stride: usize,
+    /// Row width.
+    width: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Src {
+    Ext(usize),
+    Slot(usize),
+}
+
+#[derive(Debug, Clone)]
+enum FOp {
+    MatMul {
+        a: View,
+        w: usize,
+        k: usize,
+        n: usize,
+        bias: Option<View>,
+        act: Option<Activation>,
+        out: usize,
+    },
+    Unary {
+        act: Activation,
+        x: View,
+        out: usize,
+    },
+    Binary {
+        op: BinaryOp,
+        a: View,
+        b: View,
+        out: usize,
+    },
+    Norm {
+        x: View,
+        residual: Option<View>,
+        bias: Option<View>,
+        gamma: View,
+        beta: Option<View>,
+        eps: f32,
+        out: usize,
+    },
+    Softmax {
+        x: View,
+        out: usize,
+    },
+    SwiGlu {
+        gate: View,
+        up: View,
+        out: usize,
+    },
+    Gather {
+        table: usize,
+        ids: usize,
+        width: usize,
+        vocab: usize,
+        out: usize,
+    },
+}
+
+/// A lowered segment: ops over row chunks, run in one parallel region.
+#[derive(Debug)]
+pub struct FusedPlan {
+    rows: usize,
+    ops: Vec<(NodeId, FOp)>,
+    /// Width of each scratch slot.
+    slots: Vec<usize>,
+    /// For each boundary output, the view holding it.
+    outputs: Vec<View>,
+    chunk_rows: usize,
+    scratch: Vec<Mutex<Vec<Vec<f32>>>>,
+}
+
+impl FusedPlan {
+    fn lower(sub: &SubGraph) -> Result<FusedPlan, String> {
+        let g = &sub.graph;
+        let rows = g
+            .outputs
+            .iter()
+            .map(|&o| rows_of(&g.node(o).shape))
+            .max()
+            .ok_or("segment has no outputs")?;
+        let users = g.users_all();
+        let mut views: Vec<Option<View>> = vec![None; g.len()];
+        let mut slots: Vec<usize> = Vec::new();
+        let mut ops = Vec::new();
+        let out_set: Vec<bool> = (0..g.len()).map(|i| g.outputs.contains(&NodeId(i as u32))).collect();
+        let mut ext = 0usize;
+        for n in g.nodes() {
+            let id = n.id.index();
+            let parent = sub.parent_of[id];
+            if n.op.is_leaf() {
+                let r = rows_of(&n.shape);
+                let map = if r == rows {
+                    RowMap::Global
+                } else if r == 1 {
+                    RowMap::Const
+                } else if r > 0 && rows % r == 0 {
+                    RowMap::Periodic(r)
+                } else {
+                    RowMap::Const
+                };
+                let w = n.shape.last_dim();
+                views[id] = Some(View {
+                    src: Src::Ext(ext),
+                    map,
+                    col: 0,
+                    stride: w,
+                    width: w,
+                });
+                ext += 1;
+                continue;
+            }
+            let v = |k: usize| views[n.inputs[k].index()].ok_or("input has no view".to_string());
+            let w = n.shape.last_dim();
+            let r = rows_of(&n.shape);
+            if r != rows && !matches!(n.op, Op::Narrow { .. } | Op::Reshape { .. } | Op::Cast { .. }) {
+                return Err(format!("node {parent} has {r} rows, the segment has {rows}"));
+            }
+            let new_slot = |slots: &mut Vec<usize>| {
+                slots.push(w);
+                slots.len() - 1
+            };
+            // In place: the first operand is a whole local slot read by no one else.
+            let reuse = |x: View| -> Option<usize> {
+                let src_node = n.inputs[0].index();
+                match x.src {
+                    Src::Slot(s)
+                        if x.col == 0
+                            && x.width == w
+                            && x.stride == w
+                            && users[src_node].len() == 1
+                            && !out_set[src_node] =>
+                    {
+                        Some(s)
+                    }
+                    _ => None,
+                }
+            };
+            let local = |s: usize| View {
+                src: Src::Slot(s),
+                map: RowMap::Local,
+                col: 0,
+                stride: w,
+                width: w,
+            };
+            let ext_index = |k: usize| match views[n.inputs[k].index()].map(|v| v.src) {
+                Some(Src::Ext(e)) => Ok(e),
+                _ => Err(format!("node {parent}: weight operand is not a boundary input")),
+            };
+            let (fop, view) = match &n.op {
+                Op::Reshape { .. } | Op::Cast { .. } => (None, v(0)?),
+                Op::Narrow { start, len, .. } => {
+                    let mut x = v(0)?;
+                    x.col += start;
+                    x.width = *len;
+                    (None, x)
+                }
+                Op::MatMul | Op::FusedMatMulBiasAct { .. } => {
+                    let wshape = &g.node(n.inputs[1]).shape;
+                    let (k, nn) = (wshape.dims[0], wshape.dims[1]);
+                    let act = match &n.op {
+                        Op::FusedMatMulBiasAct { activation } => *activation,
+                        _ => None,
+                    };
+                    let bias = if n.inputs.len() > 2 { Some(v(2)?) } else { None };
+                    let s = new_slot(&mut slots);
+                    let a = v(0)?;
+                    if a.map == RowMap::Const && rows != 1 || matches!(a.map, RowMap::Periodic(_)) {
+                        return Err(format!("node {parent}: matmul lhs is broadcast over rows"));
+                    }
+                    (
+                        Some(FOp::MatMul {
+                            a,
+                            w: ext_index(1)?,
+                            k,
+                            n: nn,
+                            bias,
+                            act,
+                            out: s,
+                        }),
+                        local(s),
+                    )
+                }
+                Op::Activation(act) => {
+                    let x = v(0)?;
+                    let s = reuse(x).unwrap_or_else(|| new_slot(&mut slots));
+                    (Some(FOp::Unary { act: *act, x, out: s }), local(s))
+                }
+                Op::Binary(op) => {
+                    let (a, b) = (v(0)?, v(1)?);
+                    let s = reuse(a).unwrap_or_else(|| new_slot(&mut slots));
+                    (Some(FOp::Binary { op: *op, a, b, out: s }), local(s))
+                }
+                Op::LayerNorm { eps, .. } | Op::RmsNorm { eps, .. } => {
+                    let s = new_slot(&mut slots);
+                    let beta = matches!(n.op, Op::LayerNorm { .. }).then(|| v(2)).transpose()?;
+                    (
+                        Some(FOp::Norm {
+                            x: v(0)?,
+                            residual: None,
+                            bias: None,
+                            gamma: v(1)?,
+                            beta,
+                            eps: *eps,
+                            out: s,
+                        }),
+                        local(s),
+                    )
+                }
+                Op::FusedResidualLN { has_bias, eps } | Op::FusedResidualRmsNorm { has_bias, eps } => {
+                    let s = new_slot(&mut slots);
+                    let b = *has_bias as usize;
+                    let beta = matches!(n.op, Op::FusedResidualLN { .. })
+                        .then(|| v(3 + b))
+                        .transpose()?;
+                    (
+                        Some(FOp::Norm {
+                            x: v(0)?,
+                            residual: Some(v(1)?),
+                            bias: has_bias.then(|| v(2)).transpose()?,
+                            gamma: v(2 + b)?,
+                            beta,
+                            eps: *eps,
+                            out: s,
+                        }),
+                        local(s),
+                    )
+                }
+                Op::Softmax { .. } => {
+                    let s = new_slot(&mut slots);
+                    (Some(FOp::Softmax { x: v(0)?, out: s }), local(s))
+                }
+                Op::FusedSwiGLU { packed } => {
+                    let s = new_slot(&mut slots);
+                    let (gate, up) = if *packed {
+                        let x = v(0)?;
+                        let half = x.width / 2;
+                        (
+                            View { width: half, ..x },
+                            View {
+                                width: half,
+                                col: x.col + half,
+                                ..x
+                            },
+                        )
+                    } else {
+                        (v(0)?, v(1)?)
+                    };
+                    (Some(FOp::SwiGlu { gate, up, out: s }), local(s))
+                }
+                Op::Gather { .. } => {
+                    let s = new_slot(&mut slots);
+                    let t = &g.node(n.inputs[0]).shape;
+                    let ids = v(1)?;
+                    if ids.map != RowMap::Global && rows != 1 {
+                        return Err(format!("node {parent}: ids do not cover the segment rows"));
+                    }
+                    (
+                        Some(FOp::Gather {
+                            table: ext_index(0)?,
+                            ids: ext_index(1)?,
+                            width: t.dims[1],
+                            vocab: t.dims[0],
+                            out: s,
+                        }),
+                        local(s),
+                    )
+                }
+                other => return Err(format!("node {parent}: {} is not lowered", other.name())),
+            };
+            if let Some(f) = fop {
+                ops.push((parent, f));
+            }
+            views[id] = Some(view);
+        }
+        let outputs = g
+            .outputs
+            .iter()
+            .map(|&o| views[o.index()].ok_or("output has no view".to_string()))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (o, v) in g.outputs.iter().zip(&outputs) {
+            if rows_of(&g.node(*o).shape) != rows || v.map == RowMap::Const && rows != 1 {
+                return Err(format!("output {} does not have the segment's {rows} rows", sub.outputs[0]));
+            }
+        }
+        let threads = rayon::current_num_threads().max(1);
+        let chunk_rows = rows.div_ceil(threads * 2).clamp(1, MAX_CHUNK_ROWS);
+        let chunks = rows.div_ceil(chunk_rows);
+        let scratch = (0..chunks)
+            .map(|_| Mutex::new(slots.iter().map(|&w| vec![0f32; w * chunk_rows]).collect()))
+            .collect();
+        Ok(FusedPlan {
+            rows,
+            ops,
+            slots,
+            outputs,
+            chunk_rows,
+            scratch,
+        })
+    }
+
+    /// Bytes of scratch memory this plan holds.
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch.len() * self.slots.iter().sum::<usize>() * self.chunk_rows * 4
+    }
+
+    /// Run the segment: `ins` are the boundary inputs in order, `outs` the
+    /// boundary outputs in order. Errors carry the failing parent node.
+    pub fn run(&mut self, ins: &[In<'_>], outs: Vec<Out<'_>>) -> Result<(), (NodeId, String)> {
+        let first = self.ops.first().map(|o| o.0).unwrap_or(NodeId(0));
+        let mut outs: Vec<&mut [f32]> = outs
+            .into_iter()
+            .map(|o| match o {
+                Out::F32(v) => Ok(v),
+                other => Err((first, format!("segment output is {}, expected f32", other.kind()))),
+            })
+            .collect::<Result<_, _>>()?;
+        let cr = self.chunk_rows;
+        let nchunks = self.scratch.len();
+        // Hand each chunk its own disjoint rows of every output.
+        let mut per_chunk: Vec<Vec<&mut [f32]>> = (0..nchunks).map(|_| Vec::new()).collect();
+        for (o, v) in outs.iter_mut().zip(&self.outputs) {
+            for (c, part) in o.chunks_mut(cr * v.width).enumerate() {
+                if let Some(slot) = per_chunk.get_mut(c) {
+                    slot.push(part);
+                }
+            }
+        }
+        let this = &*self;
+        let serial = nchunks == 1;
+        let work = |(c, mut parts): (usize, Vec<&mut [f32]>)| -> Result<(), (NodeId, String)> {
+            let r0 = c * cr;
+            let nr = cr.min(this.rows - r0);
+            let mut guard = this.scratch[c].lock().unwrap_or_else(|e| e.into_inner());
+            let bufs: &mut Vec<Vec<f32>> = &mut guard;
+            for (node, op) in &this.ops {
+                run_fop(op, ins, bufs, r0, nr, serial).map_err(|m| (*node, m))?;
+            }
+            for (part, v) in parts.iter_mut().zip(&this.outputs) {
+                for r in 0..nr {
+                    part[r * v.width..(r + 1) * v.width].copy_from_slice(row(v, ins, bufs, r0, r)?.1);
+                }
+            }
+            Ok(())
+        };
+        if serial {
+            per_chunk.into_iter().enumerate().try_for_each(work)
+        } else {
+            per_chunk.into_par_iter().enumerate().try_for_each(work)
+        }
+    }
+}
+
+fn ext_f32<'a>(ins: &[In<'a>], k: usize) -> Result<&'a [f32], String> {
+    match ins.get(k) {
+        Some(In::F32(v)) => Ok(v),
+        Some(other) => Err(format!("boundary input {k} is {}, expected f32", other.kind())),
+        None => Err(format!("boundary input {k} missing")),
+    }
+}
+
+/// Row `r` (chunk-local) of a view; returns the source slice and the row.
+fn row<'a>(
+    v: &View,
+    ins: &[In<'a>],
+    bufs: &'a [Vec<f32>],
+    r0: usize,
+    r: usize,
+) -> Result<(usize, &'a [f32]), (NodeId, String)> {
+    let err = |m: String| (NodeId(0), m);
+    let (data, src_row): (&'a [f32], usize) = match v.src {
+        Src::Slot(s) => (&bufs[s], r),
+        Src::Ext(k) => {
+            let d = ext_f32(ins, k).map_err(err)?;
+            let gr = r0 + r;
+            let sr = match v.map {
+                RowMap::Global | RowMap::Local => gr,
+                RowMap::Const => 0,
+                RowMap::Periodic(p) => gr % p,
+            };
+            (d, sr)
+        }
+    };
+    let s = src_row * v.stride + v.col;
+    data.get(s..s + v.width)
+        .map(|x| (src_row, x))
+        .ok_or_else(|| err(format!("row {src_row} outside its buffer")))
+}
+
+fn rowf<'a>(v: &View, ins: &[In<'a>], bufs: &'a [Vec<f32>], r0: usize, r: usize) -> Result<&'a [f32], String> {
+    row(v, ins, bufs, r0, r).map(|x| x.1).map_err(|e| e.1)
+}
+
+fn run_fop(op: &FOp, ins: &[In<'_>], bufs: &mut [Vec<f32>], r0: usize, nr: usize, parallel: bool) -> Result<(), String> {
+    let take = |bufs: &mut [Vec<f32>], s: usize| std::mem::take(&mut bufs[s]);
+    match *op {
+        FOp::MatMul {
+            a,
+            w,
+            k,
+            n,
+            bias,
+            act,
+            out,
+        } => {
+            let mut o = take(bufs, out);
+            let wdata = ext_f32(ins, w)?;
+            let (adata, off) = match a.src {
+                Src::Slot(s) => (&bufs[s][..], a.col),
+                Src::Ext(e) => {
+                    let base = if a.map == RowMap::Const { 0 } else { r0 };
+                    (ext_f32(ins, e)?, base * a.stride + a.col)
+                }
+            };
+            let lda = if a.map == RowMap::Const { 0 } else { a.stride };
+            let res = if lda == 0 {
+                (0..nr).try_for_each(|r| {
+                    matmul::gemm(1, n, k, &adata[off..], k, wdata, n, &mut o[r * n..], n, false, parallel)
+                })
+            } else {
+                matmul::gemm(nr, n, k, &adata[off..], lda, wdata, n, &mut o, n, false, parallel)
+            };
+            res.map_err(|e| e.to_string())?;
+            if bias.is_some() || act.is_some() {
+                let b = match bias {
+                    Some(bv) => rowf(&bv, ins, bufs, r0, 0)?.to_vec(),
+                    None => vec![0.0; n],
+                };
+                matmul::bias_act_rows(&mut o[..nr * n], &b, act);
+            }
+            bufs[out] = o;
+        }
+        FOp::Unary { act, x, out } => {
+            let mut o = take(bufs, out);
+            let w = x.width;
+            if x.src == Src::Slot(out) {
+                elementwise::apply_activation(act, &mut o[..nr * w]);
+            } else {
+                for r in 0..nr {
+                    let xr = rowf(&x, ins, bufs, r0, r)?;
+                    elementwise::activation_into(act, xr, &mut o[r * w..(r + 1) * w]).map_err(|e| e.to_string())?;
+                }
+            }
+            bufs[out] = o;
+        }
+        FOp::Binary { op, a, b, out } => {
+            let mut o = take(bufs, out);
+            let w = a.width.max(b.width);
+            let in_place = a.src == Src::Slot(out);
+            for r in 0..nr {
+                let br = rowf(&b, ins, bufs, r0, r)?;
+                let orow = &mut o[r * w..(r + 1) * w];
+                if !in_place {
+                    let ar = rowf(&a, ins, bufs, r0, r)?;
+                    if ar.len() == w {
+                        orow.copy_from_slice(ar);
+                    } else {
+                        orow.fill(ar[0]);
+                    }
+                }
+                if br.len() == w {
+                    elementwise::binary_inplace(op, orow, br);
+                } else {
+                    let y = br[0];
+                    for v in orow.iter_mut() {
+                        *v = elementwise::binary_scalar(op, *v, y);
+                    }
+                }
+            }
+            bufs[out] = o;
+        }
+        FOp::Norm {
+            x,
+            residual,
+            bias,
+            gamma,
+            beta,
+            eps,
+            out,
+        } => {
+            let mut o = take(bufs, out);
+            let d = x.width;
+            let g = rowf(&gamma, ins, bufs, r0, 0)?;
+            let bt = beta.map(|b| rowf(&b, ins, bufs, r0, 0)).transpose()?;
+            let bs = bias.map(|b| rowf(&b, ins, bufs, r0, 0)).transpose()?;
+            for r in 0..nr {
+                let xr = rowf(&x, ins, bufs, r0, r)?;
+                let orow = &mut o[r * d..(r + 1) * d];
+                let res = match (residual, bt) {
+                    (Some(rv), Some(bt)) => {
+                        let rr = rowf(&rv, ins, bufs, r0, r)?;
+                        norm::residual_layer_norm_rows(xr, rr, bs, g, bt, eps, orow, d)
+                    }
+                    (Some(rv), None) => {
+                        let rr = rowf(&rv, ins, bufs, r0, r)?;
+                        norm::residual_rms_norm_rows(xr, rr, bs, g, eps, orow, d)
+                    }
+                    (None, Some(bt)) => norm::layer_norm_rows(xr, g, bt, eps, orow, d),
+                    (None, None) => norm::rms_norm_rows(xr, g, eps, orow, d),
+                };
+                res.map_err(|e| e.to_string())?;
+            }
+            bufs[out] = o;
+        }
+        FOp::Softmax { x, out } => {
+            let mut o = take(bufs, out);
+            let d = x.width;
+            for r in 0..nr {
+                let xr = rowf(&x, ins, bufs, r0, r)?;
+                softmax::softmax_rows(xr, &mut o[r * d..(r + 1) * d], d).map_err(|e| e.to_string())?;
+            }
+            bufs[out] = o;
+        }
+        FOp::SwiGlu { gate, up, out } => {
+            let mut o = take(bufs, out);
+            let d = gate.width;
+            for r in 0..nr {
+                let gr = rowf(&gate, ins, bufs, r0, r)?;
+                let ur = rowf(&up, ins, bufs, r0, r)?;
+                elementwise::swiglu(gr, ur, &mut o[r * d..(r + 1) * d]).map_err(|e| e.to_string())?;
+            }
+            bufs[out] = o;
+        }
+        FOp::Gather {
+            table,
+            ids,
+            width,
+            vocab,
+            out,
+        } => {
+            let mut o = take(bufs, out);
+            let t = ext_f32(ins, table)?;
+            for r in 0..nr {
+                let id = match ins.get(ids) {
+                    Some(In::I64(v)) => v.get(r0 + r).map(|&x| x as i128),
+                    Some(In::I32(v)) => v.get(r0 + r).map(|&x| x as i128),
+                    _ => None,
+                }
+                .ok_or_else(|| "gather ids are not i32/i64 covering the rows".to_string())?;
+                if id < 0 || id >= vocab as i128 {
+                    return Err(format!("Gather: index {id} out of range for table of {vocab} rows"));
+                }
+                let id = id as usize;
+                o[r * width..(r + 1) * width].copy_from_slice(&t[id * width..(id + 1) * width]);
+            }
+            bufs[out] = o;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! `Session`: compile a graph for a device and run it.
+
+use rlx_cpu::{CpuModel, CpuOptions};
+use rlx_ir::{Graph, IrError, Tensor, TensorData};
+use rlx_runtime::hybrid::{PlanReport, SplitPolicy};
+use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef};
+
+/// Where a graph runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// The host CPU.
+    Cpu,
+    /// An NVIDIA GPU by ordinal.
+    #[cfg(feature = "cuda")]
+    Cuda(usize),
+}
+
+/// How a graph is executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExecMode {
+    /// One kernel dispatch per op.
+    #[default]
+    Thunks,
+    /// Compiled segments separated by thunk ranges.
+    Hybrid,
+}
+
+/// Every error rlx returns.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The graph is ill-formed.
+    #[error(transparent)]
+    Ir(#[from] IrError),
+    /// Compiling or running failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// The requested device is not available in this build or machine.
+    #[error("device unavailable: {0}")]
+    Device(String),
+    /// An output is not f32; use `run_typed`.
+    #[error("output {index} is {dtype}, not f32: use run_typed")]
+    NotF32 {
+        /// Output position.
+        index: usize,
+        /// Its dtype.
+        dtype: rlx_ir::DType,
+    },
+}
+
+/// Dispatch figures of a compiled model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanStats {
+    /// Compiled segments.
+    pub compiled_segments: usize,
+    /// Thunk ranges.
+    pub thunk_ranges: usize,
+    /// Dispatches per run: one per compiled segment, one per compute thunk.
+    pub dispatches: usize,
+}
+
+/// Compiles graphs for one device and mode.
+#[derive(Debug, Clone)]
+pub struct Session {
+    device: Device,
+    mode: ExecMode,
+    policy: SplitPolicy,
+    threads: Option<usize>,
+    poison: bool,
+}
+
+impl Session {
+    /// A session on `device`, in Thunks mode with the default split policy.
+    pub fn new(device: Device) -> Self {
+        Session {
+            device,
+            mode: ExecMode::Thunks,
+            policy: SplitPolicy::default(),
+            threads: None,
+            poison: false,
+        }
+    }
+
+    /// Set the execution mode.
+    pub fn mode(mut self, mode: ExecMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Set the split policy used in Hybrid mode.
+    pub fn policy(mut self, policy: SplitPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Run on `n` worker threads instead of the global pool.
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = Some(n);
+        self
+    }
+
+    /// Poison arena memory as soon as it is freed (a testing aid).
+    pub fn poison_freed(mut self, on: bool) -> Self {
+        self.poison = on;
+        self
+    }
+
+    /// Verify, plan and compile `graph`.
+    pub fn compile(&self, graph: Graph) -> Result<CompiledModel, Error> {
+        graph.verify()?;
+        let exec: Box<dyn Executable> = match self.device {
+            Device::Cpu => Box::new(CpuModel::compile(
+                graph,
+                &CpuOptions {
+                    hybrid: self.mode == ExecMode::Hybrid,
+                    policy: self.policy.clone(),
+                    threads: self.threads,
+                    poison_freed: self.poison,
+                },
+            )?),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(i) => {
+                return Err(Error::Device(format!(
+                    "cuda:{i}: the CUDA backend is not built in this version"
+                )))
+            }
+        };
+        Ok(CompiledModel { exec })
+    }
+}
+
+/// A graph compiled for one device.
+pub struct CompiledModel {
+    exec: Box<dyn Executable>,
+}
+
+impl CompiledModel {
+    /// Set (or replace) an f32 weight.
+    pub fn set_param(&mut self, name: &str, data: &[f32]) -> Result<(), Error> {
+        Ok(self.exec.set_param(name, TensorRef::F32(data))?)
+    }
+
+    /// Set (or replace) a weight of any dtype.
+    pub fn set_param_typed(&mut self, name: &str, data: TensorRef<'_>) -> Result<(), Error> {
+        Ok(self.exec.set_param(name, data)?)
+    }
+
+    /// Run with f32 inputs; returns one f32 vector per graph output.
+    pub fn run(&mut self, inputs: &[(&str, &[f32])]) -> Result<Vec<Vec<f32>>, Error> {
+        let typed: Vec<(&str, TensorRef<'_>)> =
+            inputs.iter().map(|(n, d)| (*n, TensorRef::F32(d))).collect();
+        self.run_typed(&typed)?
+            .into_iter()
+            .enumerate()
+            .map(|(index, t)| match &*t.data {
+                TensorData::F32(v) => Ok(v.clone()),
+                _ => Err(Error::NotF32 {
+                    index,
+                    dtype: t.shape.dtype,
+                }),
+            })
+            .collect()
+    }
+
+    /// Run with inputs of any dtype; returns tensors with shapes.
+    pub fn run_typed(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, Error> {
+        Ok(self.exec.run(inputs)?)
+    }
+
+    /// Dispatch figures.
+    pub fn plan_stats(&self) -> PlanStats {
+        let r = self.exec.report();
+        PlanStats {
+            compiled_segments: r.compiled_segments,
+            thunk_ranges: r.thunk_ranges,
+            dispatches: r.dispatches,
+        }
+    }
+
+    /// The full plan report: segments, ranges and why each op stayed out.
+    pub fn plan_report(&self) -> &PlanReport {
+        self.exec.report()
+    }
+
+    /// Arena figures.
+    pub fn memory(&self) -> MemoryStats {
+        self.exec.memory()
+    }
+}
