@@ -362,8 +362,24 @@ pub fn infer_shape(op: &Op, inputs: &[Shape]) -> R {
             let d = if *bidirectional { 2 } else { 1 };
             let (b, s) = (x.dims[0], x.dims[1]);
             let h = *hidden_size;
+            // Packing: w_ih [L*D, 4H, max(in, D*H)], w_hh [L*D, 4H, H],
+            // bias [L*D, 4H] (b_ih + b_hh); see the rlx-ref crate docs.
+            let ld = num_layers * d;
+            let max_in = x.dims[2].max(d * h);
+            let weights = [
+                (&inputs[1], vec![ld, 4 * h, max_in], "w_ih"),
+                (&inputs[2], vec![ld, 4 * h, h], "w_hh"),
+                (&inputs[3], vec![ld, 4 * h], "bias"),
+            ];
+            for (w, want, what) in weights {
+                float(w, what)?;
+                if w.dims != want {
+                    return Err(format!("expected {what} of shape {want:?}, got {w}"));
+                }
+            }
             if *carry {
                 for st in &inputs[4..6] {
+                    float(st, "h0/c0")?;
                     if st.dims != [num_layers * d, b, h] {
                         return Err(format!("expected h0/c0 [{}, {b}, {h}]", num_layers * d));
                     }
