@@ -283,6 +283,15 @@ impl From<QuantScheme> for GgmlType {
     }
 }
 
+impl TryFrom<GgmlType> for QuantScheme {
+    /// The type itself, when it has no `QuantScheme`.
+    type Error = GgmlType;
+
+    fn try_from(t: GgmlType) -> Result<QuantScheme, GgmlType> {
+        t.quant_scheme().ok_or(t)
+    }
+}
+
 impl fmt::Display for GgmlType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -314,6 +323,8 @@ mod tests {
             assert_eq!(t.row_bytes(512), s.row_bytes(512));
         }
         assert_eq!(GgmlType::F32.quant_scheme(), None);
+        assert_eq!(QuantScheme::try_from(GgmlType::Q6_K), Ok(QuantScheme::Q6K));
+        assert_eq!(QuantScheme::try_from(GgmlType::BF16), Err(GgmlType::BF16));
         assert_eq!(GgmlType::Q4_K.row_bytes(100), None);
         assert_eq!(GgmlType::F32.row_bytes(usize::MAX), None);
     }

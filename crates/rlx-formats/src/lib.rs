@@ -8,6 +8,8 @@
 //! All readers treat the file as untrusted: malformed input yields a
 //! [`FormatError`] naming the file (and tensor or key), never a panic.
 
+#![deny(missing_docs)]
+
 mod error;
 mod ggml_type;
 pub mod gguf;
