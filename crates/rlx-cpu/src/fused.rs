@@ -392,8 +392,7 @@ impl FusedPlan {
                 Op::Gather { .. } => {
                     let s = new_slot(&mut slots);
                     let t = &g.node(n.inputs[0]).shape;
-                    let ids = v(1)?;
-                    if ids.map != RowMap::Global && rows != 1 {
+                    if g.node(n.inputs[1]).shape.numel() != rows {
                         return Err(format!("node {parent}: ids do not cover the segment rows"));
                     }
                     (

@@ -1,0 +1,127 @@
+//! Shared test support: seeded data, the reference oracle, comparisons.
+#![allow(dead_code)]
+
+use rlx::ir::{DType, Graph, Op, Tensor};
+use std::collections::HashMap;
+
+/// A small xorshift generator: deterministic data without a rand dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Uniform in [-1, 1).
+    pub fn f32(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// Random values for every leaf Input/Param of `g` (f32 in [-scale, scale];
+/// i64 leaves get ids in range of the first Gather table they index, else 0..8).
+pub fn random_bindings(g: &Graph, rng: &mut Rng, scale: f32) -> HashMap<String, Tensor> {
+    let mut b = HashMap::new();
+    for n in g.nodes() {
+        let name = match &n.op {
+            Op::Input { name } | Op::Param { name } => name.clone(),
+            _ => continue,
+        };
+        let numel = n.shape.numel();
+        let t = match n.shape.dtype {
+            DType::F32 => Tensor::f32(&n.shape.dims, rng.vec(numel, scale)),
+            DType::I64 => {
+                let limit = g
+                    .users(n.id)
+                    .iter()
+                    .find_map(|&u| match g.node(u).op {
+                        Op::Gather { .. } => Some(g.node(g.node(u).inputs[0]).shape.dims[0]),
+                        _ => None,
+                    })
+                    .unwrap_or(8);
+                Tensor::i64(&n.shape.dims, (0..numel).map(|_| rng.below(limit) as i64).collect())
+            }
+            d => panic!("test helper has no generator for {d}"),
+        };
+        b.insert(name, t);
+    }
+    b
+}
+
+/// Reference-interpreter outputs as f32 vectors.
+pub fn reference(g: &Graph, b: &HashMap<String, Tensor>) -> Vec<Vec<f32>> {
+    rlx_ref::run(g, b)
+        .expect("reference interpreter")
+        .into_iter()
+        .map(|t| t.as_f32().expect("f32 output").to_vec())
+        .collect()
+}
+
+/// Compile with `session`, bind everything in `b`, run, return f32 outputs.
+pub fn run_session(session: &rlx::Session, g: &Graph, b: &HashMap<String, Tensor>) -> Vec<Vec<f32>> {
+    let mut m = session.compile(g.clone()).expect("compile");
+    run_compiled(&mut m, g, b)
+}
+
+pub fn run_compiled(m: &mut rlx::CompiledModel, g: &Graph, b: &HashMap<String, Tensor>) -> Vec<Vec<f32>> {
+    let mut inputs: Vec<(&str, rlx::TensorRef<'_>)> = Vec::new();
+    for n in g.nodes() {
+        match &n.op {
+            Op::Param { name } => m.set_param_typed(name, tref(&b[name])).expect("set_param"),
+            Op::Input { name } => inputs.push((name.as_str(), tref(&b[name]))),
+            _ => {}
+        }
+    }
+    m.run_typed(&inputs)
+        .expect("run")
+        .into_iter()
+        .map(|t| t.as_f32().expect("f32 output").to_vec())
+        .collect()
+}
+
+pub fn tref(t: &Tensor) -> rlx::TensorRef<'_> {
+    use rlx::ir::TensorData;
+    match &*t.data {
+        TensorData::F32(v) => rlx::TensorRef::F32(v),
+        TensorData::I32(v) => rlx::TensorRef::I32(v),
+        TensorData::I64(v) => rlx::TensorRef::I64(v),
+        TensorData::U8(v) => rlx::TensorRef::U8(v),
+    }
+}
+
+/// Assert `got` equals `want` within `rel` relative (with an equal absolute
+/// floor), NaN matching NaN. Reports the worst element.
+pub fn assert_close(got: &[f32], want: &[f32], rel: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = (0usize, 0f32);
+    for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
+        if a.is_nan() && b.is_nan() || a == b {
+            continue;
+        }
+        let err = (a - b).abs() / b.abs().max(1.0);
+        assert!(!err.is_nan(), "{what}[{i}]: got {a}, want {b}");
+        if err > worst.1 {
+            worst = (i, err);
+        }
+    }
+    assert!(
+        worst.1 <= rel,
+        "{what}: element {} got {} want {} (rel err {:e} > {:e})",
+        worst.0,
+        got[worst.0],
+        want[worst.0],
+        worst.1,
+        rel
+    );
+}
