@@ -27,7 +27,7 @@ pub struct RopeSpec {
 
 impl RopeSpec {
     fn check(&self) -> Result<(), KernelError> {
-        if self.head_dim == 0 || self.n_rot > self.head_dim || self.n_rot % 2 != 0 {
+        if self.head_dim == 0 || self.n_rot > self.head_dim || !self.n_rot.is_multiple_of(2) {
             return Err(bad_shape(
                 OP,
                 format!(
@@ -92,7 +92,7 @@ pub fn rope_rows_inplace(
     table_row: impl Fn(usize) -> usize,
 ) -> Result<(), KernelError> {
     spec.check()?;
-    if row_len % spec.head_dim != 0 || row_len == 0 {
+    if !row_len.is_multiple_of(spec.head_dim) || row_len == 0 {
         return Err(bad_shape(
             OP,
             format!(
@@ -147,7 +147,7 @@ pub fn rope(
     }
     let row_len = x.len() / rows;
     exact_len(OP, "x", x.len(), rows * row_len)?;
-    if row_len == 0 || row_len % spec.head_dim != 0 {
+    if row_len == 0 || !row_len.is_multiple_of(spec.head_dim) {
         return Err(bad_shape(
             OP,
             format!(
