@@ -117,6 +117,10 @@ impl Builder {
                 self.pool.push(s);
             }
             // packed SwiGLU over halves of p
+            4 if d % 2 == 1 => {
+                let y = act(&mut self.g, ACTS[(r >> 6) as usize % ACTS.len()], p);
+                self.pool.push(y);
+            }
             4 => {
                 let h = d / 2;
                 let ax = self.g.node(p).shape.rank() - 1;
@@ -214,7 +218,11 @@ fn build(steps: &[(u8, u32)], outs: u32) -> Graph {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    // 256 cases unless PROPTEST_CASES says otherwise.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn optimize_preserves_semantics(

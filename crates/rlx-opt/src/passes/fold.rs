@@ -89,12 +89,3 @@ impl Pass for ConstFold {
         Ok((rw.finish()?, report))
     }
 }
-// TEMP_SHIM
-mod rlx_ref {
-    pub fn run(
-        _g: &rlx_ir::Graph,
-        _i: &std::collections::HashMap<String, rlx_ir::Tensor>,
-    ) -> Result<Vec<rlx_ir::Tensor>, ()> {
-        Err(())
-    }
-}

@@ -5,8 +5,6 @@
 use rlx_ir::{Activation, BinaryOp, DType, Graph, NodeId, Op, Shape, Tensor};
 use rlx_opt::{optimize, OptOptions, OptReport};
 use std::collections::HashMap;
-pub mod shim; // TEMP_SHIM
-use shim as rlx_ref; // TEMP_SHIM
 
 /// Deterministic values in [-1, 1) from a seed (xorshift).
 pub fn data(n: usize, seed: u64) -> Vec<f32> {
