@@ -17,7 +17,7 @@
 
 use crate::kernels::{elementwise, matmul, norm, softmax, In, Out};
 use rayon::prelude::*;
-use rlx_ir::{Activation, BinaryOp, DType, Graph, Node, NodeId, Op, Shape};
+use rlx_ir::{Activation, BinaryOp, DType, Graph, Node, NodeId, Op, ReduceOp, Shape};
 use rlx_runtime::hybrid::{SegmentCompiler, SubGraph};
 use std::sync::Mutex;
 
@@ -105,6 +105,8 @@ impl SegmentCompiler for FusedCompiler {
             }
             Op::Narrow { axis, .. } if *axis + 1 == n.shape.rank() => Ok(()),
             Op::Reshape { .. } if in_shape(0).last_dim() == n.shape.last_dim() && in_shape(0).rank() > 0 => Ok(()),
+            Op::Reshape { .. } if g.node(n.inputs[0]).op.is_leaf() => Ok(()),
+            Op::Reduce { axes, keep_dims: true, .. } if axes == &[n.shape.rank() - 1] => Ok(()),
             Op::Cast { to } if *to == in_shape(0).dtype => Ok(()),
             Op::Gather { axis: 0 } if in_shape(0).rank() == 2 && is_weight(g, n.inputs[0]) => Ok(()),
             other => Err(format!("{} is not row-local", other.name())),
@@ -181,6 +183,11 @@ enum FOp {
         out: usize,
     },
     Softmax {
+        x: View,
+        out: usize,
+    },
+    ReduceRow {
+        op: ReduceOp,
         x: View,
         out: usize,
     },
@@ -289,7 +296,28 @@ impl FusedPlan {
                 _ => Err(format!("node {parent}: weight operand is not a boundary input")),
             };
             let (fop, view) = match &n.op {
+                Op::Reshape { .. } if g.node(n.inputs[0]).shape.last_dim() != w => {
+                    // Re-view a whole, contiguous boundary input with a new row width.
+                    let x = v(0)?;
+                    let map = if r == rows {
+                        RowMap::Global
+                    } else if r == 1 {
+                        RowMap::Const
+                    } else {
+                        return Err(format!("node {parent}: reshape to {r} rows in a {rows}-row segment"));
+                    };
+                    match x.src {
+                        Src::Ext(_) if x.col == 0 && x.stride == x.width => {
+                            (None, View { map, col: 0, stride: w, width: w, ..x })
+                        }
+                        _ => return Err(format!("node {parent}: reshape changes the row width of an intermediate")),
+                    }
+                }
                 Op::Reshape { .. } | Op::Cast { .. } => (None, v(0)?),
+                Op::Reduce { op, .. } => {
+                    let s = new_slot(&mut slots);
+                    (Some(FOp::ReduceRow { op: *op, x: v(0)?, out: s }), local(s))
+                }
                 Op::Narrow { start, len, .. } => {
                     let mut x = v(0)?;
                     x.col += start;
@@ -648,6 +676,19 @@ fn run_fop(op: &FOp, ins: &[In<'_>], bufs: &mut [Vec<f32>], r0: usize, nr: usize
             for r in 0..nr {
                 let xr = rowf(&x, ins, bufs, r0, r)?;
                 softmax::softmax_rows(xr, &mut o[r * d..(r + 1) * d], d).map_err(|e| e.to_string())?;
+            }
+            bufs[out] = o;
+        }
+        FOp::ReduceRow { op, x, out } => {
+            let mut o = take(bufs, out);
+            for (r, slot) in o.iter_mut().enumerate().take(nr) {
+                let xr = rowf(&x, ins, bufs, r0, r)?;
+                *slot = match op {
+                    ReduceOp::Sum => xr.iter().sum(),
+                    ReduceOp::Mean => xr.iter().sum::<f32>() / xr.len() as f32,
+                    ReduceOp::Max => xr.iter().copied().fold(f32::NEG_INFINITY, crate::kernels::simd::max_nan),
+                    ReduceOp::Min => xr.iter().copied().fold(f32::INFINITY, crate::kernels::simd::min_nan),
+                };
             }
             bufs[out] = o;
         }
