@@ -22,7 +22,8 @@
 //!   `S <- exp(g_t) S`; `d <- beta_t (v_t - S^T k_t)`; `S <- S + k_t ⊗ d`
 //!   (`S[i][j] += k[i] d[j]`); `o_t <- S^T q_t / sqrt(n)`, where
 //!   `(S^T k)[j] = sum_i S[i][j] k[i]`.
-//! - `DequantMatMul` is not implemented yet ([`RefError::Unsupported`]).
+//! - `DequantMatMul` dequantizes each weight row to f32 exactly as ggml does
+//!   (`rlx_formats::quant`), then multiplies in f64.
 //!
 //! # LSTM weight packing
 //!
@@ -50,6 +51,7 @@
 // Plain index loops are the house style here: they mirror the formulas.
 #![allow(clippy::needless_range_loop)]
 
+mod dequant;
 mod math;
 mod ops;
 mod seq;
@@ -319,14 +321,9 @@ fn eval_node(
             carry,
         } => seq::lstm(ins, *hidden_size, *num_layers, *bidirectional, *carry),
         Op::DequantMatMul { scheme } => {
-            return Err(unsupported(
-                node,
-                format!(
-                    "{} dequantization is not implemented in the reference interpreter yet",
-                    scheme.name()
-                ),
-            ))
+            dequant::dequant_matmul(ins[0], ins[1], *scheme, out).map_err(|r| unsupported(node, r))?
         }
+        Op::CacheWrite { .. } => ops::cache_write(node, ins[0], ins[1], ins[2])?,
         Op::Softmax { axis } => ops::softmax(ins[0], *axis),
         Op::Transpose { perm } => ops::transpose(ins[0], perm),
         Op::Reduce {

@@ -1,6 +1,8 @@
 //! erf/erfc against high-precision values (mpmath, 30 digits) and the
 //! activations against their defining formulas.
 
+#![allow(clippy::needless_range_loop, clippy::cloned_ref_to_slice_refs)]
+
 mod common;
 use common::*;
 use rlx_ir::{Activation, Op};
@@ -39,9 +41,9 @@ fn erfc_is_accurate_in_the_tail() {
     let cases = [
         (2.0, 0.004677734981047266),
         (3.0, 2.209049699858544e-5),
-        (5.0, 1.5374597944280349e-12),
+        (5.0, 1.537459794428035e-12),
         (10.0, 2.088487583762545e-45),
-        (-1.0, 1.8427007929497149),
+        (-1.0, 1.842700792949715),
         (0.5, 1.0 - 0.5204998778130465),
     ];
     for (x, want) in cases {

@@ -1,5 +1,7 @@
 //! Dense, elementwise, normalization and layout ops against hand-computed values.
 
+#![allow(clippy::needless_range_loop, clippy::cloned_ref_to_slice_refs)]
+
 mod common;
 use common::*;
 use rlx_ir::{Activation, BinaryOp, DType, Graph, Op, ReduceOp, Shape, Tensor, TensorData};
