@@ -186,7 +186,8 @@ pub struct OptOptions {
     pub cse: bool,
     /// Constant folding through the reference interpreter.
     pub fold_constants: bool,
-    /// Largest folded result, in elements (default 16 Mi); bigger nodes stay.
+    /// Most work constant folding spends on one node (default 16 Mi):
+    /// elements produced, or multiply-adds for matmuls and attention.
     pub fold_max_elements: usize,
     /// Merge matmuls sharing an lhs against weights (QKV).
     pub fuse_qkv: bool,

@@ -128,3 +128,82 @@ fn bert_layer_on_a_target_without_fused_norms() {
     assert_eq!(count(&h, |o| matches!(o, Op::LayerNorm { .. })), 2);
     assert_same(&g, &h, 44, 1e-5);
 }
+
+/// A pre-norm Llama-style block (GQA attention, SwiGLU MLP, no biases).
+/// The q/k/v and gate/up projections each merge; the merged gate/up with
+/// its two half Narrows becomes one packed SwiGLU. The residual stream is
+/// read twice (by the norm and by the next residual add), so no residual
+/// norm fusion may fire.
+#[test]
+fn llama_block_merges_projections_into_packed_swiglu() {
+    let (d, heads, kv_heads, hd, ffn) = (32usize, 4usize, 2usize, 8usize, 48usize);
+    let mut g = Graph::new("llama_block");
+    let x = input(&mut g, "x", &[1, 5, d]);
+    let n1 = param(&mut g, "attn_norm", &[d]);
+    let h = push(
+        &mut g,
+        Op::RmsNorm {
+            axis: -1,
+            eps: 1e-6,
+        },
+        &[x, n1],
+    );
+    let wq = param(&mut g, "wq", &[d, heads * hd]);
+    let wk = param(&mut g, "wk", &[d, kv_heads * hd]);
+    let wv = param(&mut g, "wv", &[d, kv_heads * hd]);
+    let q = matmul(&mut g, h, wq);
+    let k = matmul(&mut g, h, wk);
+    let v = matmul(&mut g, h, wv);
+    let attn = push(
+        &mut g,
+        Op::Attention {
+            num_heads: heads,
+            head_dim: hd,
+            mask_kind: MaskKind::Causal,
+            score_scale: None,
+            attn_logit_softcap: None,
+        },
+        &[q, k, v],
+    );
+    let wo = param(&mut g, "wo", &[heads * hd, d]);
+    let o = matmul(&mut g, attn, wo);
+    let r1 = add(&mut g, x, o);
+    let n2 = param(&mut g, "ffn_norm", &[d]);
+    let h2 = push(
+        &mut g,
+        Op::RmsNorm {
+            axis: -1,
+            eps: 1e-6,
+        },
+        &[r1, n2],
+    );
+    let wg = param(&mut g, "w_gate", &[d, ffn]);
+    let wu = param(&mut g, "w_up", &[d, ffn]);
+    let gate = matmul(&mut g, h2, wg);
+    let up = matmul(&mut g, h2, wu);
+    let sg = act(&mut g, Activation::Silu, gate);
+    let m = mul(&mut g, sg, up);
+    let wd = param(&mut g, "w_down", &[ffn, d]);
+    let down = matmul(&mut g, m, wd);
+    let r2 = add(&mut g, r1, down);
+    g.set_outputs(vec![r2]);
+
+    let (hg, r) = opt(&g);
+    eprintln!("{r}\n{hg}");
+    assert_eq!(r.count("fuse_qkv", "qkv"), 2, "{r}");
+    assert_eq!(r.count("fuse_qkv", "qkv_matmuls"), 5, "{r}");
+    assert_eq!(r.count("fuse_swiglu", "swiglu_packed"), 1, "{r}");
+    assert_eq!(r.total("fuse_residual_norm"), 0, "{r}");
+    assert_eq!(r.total("fuse_matmul_bias_act"), 0, "{r}");
+    assert_eq!(
+        count(&hg, |o| *o == Op::FusedSwiGLU { packed: true }),
+        1,
+        "{hg}"
+    );
+    assert_eq!(
+        count(&hg, |o| matches!(o, Op::Narrow { .. })),
+        3,
+        "q, k, v only: {hg}"
+    );
+    assert_same(&g, &hg, 50, 1e-5);
+}

@@ -114,6 +114,27 @@ fn fold_respects_the_size_limit() {
 }
 
 #[test]
+fn fold_limits_matmul_work_not_just_output_size() {
+    let mut g = Graph::new("mm");
+    let a = constant(&mut g, &[16, 64], 8);
+    let b = constant(&mut g, &[64, 16], 9);
+    let c = matmul(&mut g, a, b); // 256 outputs, 16384 multiply-adds
+    let x = input(&mut g, "x", &[16, 16]);
+    let y = add(&mut g, x, c);
+    g.set_outputs(vec![y]);
+    let o = OptOptions {
+        fold_max_elements: 10_000,
+        ..OptOptions::cleanup_only()
+    };
+    let (_, r) = opt_with(&g, &o);
+    assert_eq!(r.total("const_fold"), 0, "{r}");
+    let (h, r) = opt_with(&g, &OptOptions::cleanup_only());
+    assert_eq!(r.count("const_fold", "folded"), 1, "{r}");
+    assert_eq!(count(&h, |o| *o == Op::MatMul), 0);
+    assert_same(&g, &h, 10, TOL);
+}
+
+#[test]
 fn optimize_rejects_an_invalid_graph_with_a_typed_error() {
     let mut g = Graph::new("bad");
     let x = input(&mut g, "x", &[2, 3]);

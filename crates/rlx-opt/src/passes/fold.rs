@@ -7,11 +7,13 @@ use std::collections::HashMap;
 /// Constant folding: a compute node whose inputs are all Constants (after
 /// folding earlier nodes) is evaluated with `rlx_ref::run`, the reference
 /// interpreter that defines op semantics, and replaced by a Constant.
-/// Nodes whose result would exceed `max_elements` elements, and nodes the
-/// interpreter cannot evaluate, are left in place. Pattern: `folded`.
+/// Nodes whose work would exceed `max_elements` (elements produced; for
+/// matmuls and attention, multiply-adds), and nodes the interpreter cannot
+/// evaluate, are left in place. Pattern: `folded`.
 #[derive(Debug, Clone, Copy)]
 pub struct ConstFold {
-    /// Largest result (in elements) that is folded.
+    /// Most work folded for one node: elements produced, or multiply-adds
+    /// for MatMul, FusedMatMulBiasAct and Attention.
     pub max_elements: usize,
 }
 
@@ -21,6 +23,23 @@ impl Default for ConstFold {
             max_elements: 16 << 20,
         }
     }
+}
+
+/// Work of evaluating node `n` of `g`: output elements, times the reduced
+/// length for matmuls and attention.
+fn work(g: &Graph, n: &rlx_ir::Node) -> usize {
+    let out = n.shape.numel();
+    let inner = match n.op {
+        Op::MatMul | Op::FusedMatMulBiasAct { .. } => {
+            n.inputs.first().map_or(1, |&a| g.node(a).shape.last_dim())
+        }
+        Op::Attention { .. } => n
+            .inputs
+            .get(1)
+            .map_or(1, |&k| g.node(k).shape.dims.get(1).copied().unwrap_or(1)),
+        _ => 1,
+    };
+    out.saturating_mul(inner.max(1))
 }
 
 impl ConstFold {
@@ -58,7 +77,7 @@ impl Pass for ConstFold {
         let mut folded = 0usize;
         for id in schedule(g) {
             let n = g.node(id);
-            if n.op.is_leaf() || n.inputs.is_empty() || n.shape.numel() > self.max_elements {
+            if n.op.is_leaf() || n.inputs.is_empty() || work(g, n) > self.max_elements {
                 rw.copy(id)?;
                 continue;
             }
