@@ -82,7 +82,9 @@ impl Core {
                 }),
             }
         }
-        let mem = plan_memory(&graph, &ticks, |n| cpu_view(&graph, n));
+        let mem = plan_memory(&graph, &ticks, |n| cpu_view(&graph, n), |n| {
+            matches!(n.op, Op::CacheWrite { .. })
+        });
         let scratch_bytes = plan
             .steps
             .iter()
@@ -112,7 +114,7 @@ impl Core {
     fn execute(
         &mut self,
         inputs: &HashMap<NodeId, TensorRef<'_>>,
-        params: &HashMap<String, Tensor>,
+        params: &mut HashMap<String, Tensor>,
         poison: bool,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         for (&id, data) in inputs {
@@ -148,6 +150,10 @@ impl Core {
                             continue;
                         }
                         tick += 1;
+                        if matches!(node.op, Op::CacheWrite { .. }) {
+                            cache_write(graph, node, &regions, arena, params)?;
+                            continue;
+                        }
                         let p = mem.placements[node.id.index()]
                             .ok_or_else(|| internal(node.id, "no arena slot"))?;
                         if p.root == node.id {
@@ -190,7 +196,7 @@ impl Core {
                     let b = region(arena, r).ok_or_else(|| internal(o, "output slot"))?;
                     Ok(tensor_from_bytes(&graph.node(o).shape, b))
                 }
-                None => external(graph.node(o), params).map(|i| tensor_from_in(&graph.node(o).shape, i)),
+                None => external(graph, graph.node(o), params).map(|i| tensor_from_in(&graph.node(o).shape, i)),
             })
             .collect()
     }
@@ -243,13 +249,18 @@ fn resolve<'a>(
     srcs.iter()
         .map(|s| match s {
             Src::Arena(i) => Ok(arena_ins[*i]),
-            Src::External(id) => external(graph.node(*id), params),
+            Src::External(id) => external(graph, graph.node(*id), params),
         })
         .collect()
 }
 
-fn external<'a>(node: &'a Node, params: &'a HashMap<String, Tensor>) -> Result<In<'a>, RuntimeError> {
+fn external<'a>(
+    graph: &'a Graph,
+    node: &'a Node,
+    params: &'a HashMap<String, Tensor>,
+) -> Result<In<'a>, RuntimeError> {
     match &node.op {
+        Op::CacheWrite { .. } => external(graph, graph.node(node.inputs[0]), params),
         Op::Param { name } => params
             .get(name)
             .map(tensor_in)
@@ -281,6 +292,61 @@ fn run_thunk(
         op: node.op.describe(),
         message: e.to_string(),
     })
+}
+
+/// Write the new rows into the cache param in place (see `Op::CacheWrite`).
+fn cache_write(
+    graph: &Graph,
+    node: &Node,
+    regions: &[Option<Region>],
+    arena: &mut [u64],
+    params: &mut HashMap<String, Tensor>,
+) -> Result<(), RuntimeError> {
+    let fail = |message: String| RuntimeError::Kernel {
+        node: node.id,
+        op: "CacheWrite".into(),
+        message,
+    };
+    let Op::Param { name } = &graph.node(node.inputs[0]).op else {
+        return Err(fail("the cache input must be a Param".into()));
+    };
+    let (srcs, arena_ins) = sources(graph, &node.inputs[1..], regions);
+    let (_, ins) = split_io(arena, &[], &arena_ins).ok_or_else(|| internal(node.id, "cache inputs"))?;
+    let rows: Vec<f32>;
+    let pos: i64;
+    {
+        let ins = resolve(graph, &srcs, ins, params)?;
+        rows = match ins[0] {
+            In::F32(v) => v.to_vec(),
+            _ => return Err(fail("new rows must be f32".into())),
+        };
+        pos = match ins[1] {
+            In::I64(v) => v[0],
+            In::I32(v) => v[0] as i64,
+            _ => return Err(fail("position must be i32/i64".into())),
+        };
+    }
+    let shape = &graph.node(node.inputs[0]).shape;
+    let (b, ctx, d) = (shape.dims[0], shape.dims[1], shape.dims[2]);
+    let n = graph.node(node.inputs[1]).shape.dims[1];
+    if pos < 0 || pos as usize + n > ctx {
+        return Err(fail(format!(
+            "position {pos} + {n} rows does not fit the cache '{name}' {shape} (context {ctx})"
+        )));
+    }
+    let cache = params.get_mut(name).ok_or_else(|| RuntimeError::MissingParam {
+        name: name.clone(),
+        shape: shape.clone(),
+    })?;
+    let TensorData::F32(data) = std::sync::Arc::make_mut(&mut cache.data) else {
+        return Err(fail(format!("cache '{name}' is not f32")));
+    };
+    let pos = pos as usize;
+    for bi in 0..b {
+        let dst = (bi * ctx + pos) * d;
+        data[dst..dst + n * d].copy_from_slice(&rows[bi * n * d..(bi + 1) * n * d]);
+    }
+    Ok(())
 }
 
 fn tensor_in(t: &Tensor) -> In<'_> {
@@ -370,6 +436,7 @@ fn static_nodes(graph: &Graph) -> Vec<bool> {
     let mut s = vec![false; graph.len()];
     for n in graph.nodes() {
         s[n.id.index()] = !n.op.is_leaf()
+            && !matches!(n.op, Op::CacheWrite { .. })
             && n.inputs.iter().all(|&i| {
                 s[i.index()] || matches!(graph.node(i).op, Op::Param { .. } | Op::Constant { .. })
             });
@@ -525,14 +592,14 @@ impl CpuModel {
         }
         if self.dirty {
             if let Some(prep) = &mut self.prep {
-                let outs = prep.core.execute(&HashMap::new(), &self.params, false)?;
+                let outs = prep.core.execute(&HashMap::new(), &mut self.params, false)?;
                 for (name, t) in prep.names.iter().zip(outs) {
                     self.params.insert(name.clone(), t);
                 }
             }
             self.dirty = false;
         }
-        self.core.execute(&bound, &self.params, self.poison)
+        self.core.execute(&bound, &mut self.params, self.poison)
     }
 }
 
@@ -546,6 +613,29 @@ impl Executable for CpuModel {
         self.params.insert(name.to_string(), ref_to_tensor(shape, value));
         self.dirty = true;
         Ok(())
+    }
+
+    fn set_param_tensor(&mut self, name: &str, value: Tensor) -> Result<(), RuntimeError> {
+        let shape = self
+            .param_shapes
+            .get(name)
+            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
+        if !value.data.fits(shape) {
+            return Err(RuntimeError::WrongLength {
+                name: name.into(),
+                shape: shape.clone(),
+                expected: shape.numel(),
+                got: value.data.len(),
+            });
+        }
+        self.params.insert(name.to_string(), value);
+        self.dirty = true;
+        Ok(())
+    }
+
+    fn take_param(&mut self, name: &str) -> Option<Tensor> {
+        self.dirty = true;
+        self.params.remove(name)
     }
 
     fn run(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {

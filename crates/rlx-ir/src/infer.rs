@@ -409,6 +409,22 @@ pub fn infer_shape(op: &Op, inputs: &[Shape]) -> R {
             *d.last_mut().unwrap() = w.dims[0];
             Ok(x.with_dims(&d))
         }
+        Op::CacheWrite { axis } => {
+            arity(inputs, 3)?;
+            let (c, x, pos) = (&inputs[0], &inputs[1], &inputs[2]);
+            float(c, "cache")?;
+            float(x, "new rows")?;
+            if *axis != 1 || c.rank() != 3 || x.rank() != 3 {
+                return Err("expected axis 1, cache [B, ctx, D] and rows [B, n, D]".into());
+            }
+            if x.dims[0] != c.dims[0] || x.dims[2] != c.dims[2] || x.dims[1] > c.dims[1] {
+                return Err(format!("expected rows [{}, <= {}, {}]", c.dims[0], c.dims[1], c.dims[2]));
+            }
+            if !pos.dtype.is_index() || pos.dims != [1] {
+                return Err(format!("expected an integer position [1], got {pos}"));
+            }
+            Ok(c.clone())
+        }
         Op::Softmax { axis } => {
             arity(inputs, 1)?;
             float(&inputs[0], "x")?;

@@ -391,6 +391,17 @@ pub enum Op {
         /// Block format of W.
         scheme: QuantScheme,
     },
+    /// Write rows into a persistent cache (a KV cache). Inputs: the cache
+    /// (a Param, f32 `[B, ctx, D]`), new rows f32 `[B, n, D]`, and the start
+    /// position, integer `[1]`. The output is the cache with rows
+    /// `pos..pos+n` along `axis` replaced. Backends execute it in place on
+    /// the param's storage, so the update persists across runs and costs
+    /// O(n); readers of the cache must read this node's output, never the
+    /// param directly, to be ordered after the write.
+    CacheWrite {
+        /// The sequence axis; 1.
+        axis: usize,
+    },
     /// Softmax along one axis.
     Softmax {
         /// Normalized axis.
@@ -439,6 +450,7 @@ impl Op {
             Op::GatedDeltaNet { .. } => "GatedDeltaNet",
             Op::Lstm { .. } => "Lstm",
             Op::DequantMatMul { .. } => "DequantMatMul",
+            Op::CacheWrite { .. } => "CacheWrite",
             Op::Softmax { .. } => "Softmax",
             Op::Transpose { .. } => "Transpose",
             Op::Reduce { .. } => "Reduce",

@@ -323,7 +323,20 @@ fn eval_node(
         Op::DequantMatMul { scheme } => {
             dequant::dequant_matmul(ins[0], ins[1], *scheme, out).map_err(|r| unsupported(node, r))?
         }
-        Op::CacheWrite { .. } => ops::cache_write(node, ins[0], ins[1], ins[2])?,
+        Op::CacheWrite { .. } => {
+            let pos = ins[2].ints()[0];
+            let (cache, rows) = (ins[0], ins[1]);
+            if pos < 0 || pos as usize + rows.dims[1] > cache.dims[1] {
+                return Err(unsupported(
+                    node,
+                    format!(
+                        "position {pos} + {} rows does not fit a cache of {} rows",
+                        rows.dims[1], cache.dims[1]
+                    ),
+                ));
+            }
+            ops::cache_write(cache, rows, pos as usize)
+        }
         Op::Softmax { axis } => ops::softmax(ins[0], *axis),
         Op::Transpose { perm } => ops::transpose(ins[0], perm),
         Op::Reduce {

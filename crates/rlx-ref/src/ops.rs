@@ -327,3 +327,18 @@ pub(crate) fn reduce(x: &Value, op: ReduceOp, axes: &[usize], out_dims: &[usize]
     }
     Value::float(out_dims, out)
 }
+
+/// `cache` with rows `pos..pos+n` along axis 1 replaced by `rows`.
+pub(crate) fn cache_write(cache: &Value, rows: &Value, pos: usize) -> Value {
+    let (b, ctx, d) = (cache.dims[0], cache.dims[1], cache.dims[2]);
+    let n = rows.dims[1];
+    let mut out = cache.floats().into_owned();
+    let src = rows.floats();
+    for bi in 0..b {
+        for r in 0..n {
+            let dst = (bi * ctx + pos + r) * d;
+            out[dst..dst + d].copy_from_slice(&src[(bi * n + r) * d..(bi * n + r + 1) * d]);
+        }
+    }
+    Value::float(&cache.dims, out)
+}

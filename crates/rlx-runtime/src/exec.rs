@@ -59,6 +59,11 @@ pub struct MemoryStats {
 pub trait Executable: Send {
     /// Set (or replace) a weight by name.
     fn set_param(&mut self, name: &str, value: TensorRef<'_>) -> Result<(), RuntimeError>;
+    /// Set (or replace) a weight with a shared tensor, without copying.
+    fn set_param_tensor(&mut self, name: &str, value: Tensor) -> Result<(), RuntimeError>;
+    /// Remove a weight and hand it back (e.g. a KV cache moving from a
+    /// prefill model to a decode model). `None` if it was not set.
+    fn take_param(&mut self, name: &str) -> Option<Tensor>;
     /// Run once; returns one tensor per graph output, in order.
     fn run(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError>;
     /// What the planner did.

@@ -61,11 +61,14 @@ fn round_up(x: usize) -> usize {
 /// Plan the arena for `ticks` (tick `i + 1` is `ticks[i]`).
 ///
 /// `view_of(node)` returns `Some((source, byte_offset))` when the backend
-/// executes the node as an alias of `source` at that offset.
+/// executes the node as an alias of `source` at that offset. Nodes for
+/// which `outside(node)` holds live outside the arena (e.g. a `CacheWrite`
+/// updates its cache param in place) and get no placement.
 pub fn plan_memory(
     graph: &Graph,
     ticks: &[Tick],
     view_of: impl Fn(&rlx_ir::Node) -> Option<(NodeId, usize)>,
+    outside: impl Fn(&rlx_ir::Node) -> bool,
 ) -> MemoryPlan {
     let n = graph.len();
     let end = ticks.len() + 1;
@@ -87,6 +90,9 @@ pub fn plan_memory(
                 let node = graph.node(*id);
                 for &inp in &node.inputs {
                     read(inp, t, &mut last);
+                }
+                if outside(node) {
+                    continue;
                 }
                 if let Some((src, off)) = view_of(node) {
                     if def[src.index()].is_some() {

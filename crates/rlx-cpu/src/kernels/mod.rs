@@ -12,6 +12,7 @@ pub mod elementwise;
 pub mod matmul;
 pub mod movement;
 pub mod norm;
+pub mod quant;
 pub mod reduce;
 pub mod rope;
 pub mod simd;
@@ -375,7 +376,7 @@ macro_rules! same_kind {
 ///
 /// Validates buffer kinds and lengths against the shapes and the shapes
 /// against the op's shape rule, then computes the op. Leaves are refused;
-/// `GatedDeltaNet`, `Lstm` and `DequantMatMul` have no kernel here yet.
+/// `GatedDeltaNet` and `Lstm` have no kernel here yet.
 pub fn run_op(
     op: &Op,
     inputs: &[In<'_>],
@@ -388,7 +389,7 @@ pub fn run_op(
         Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => {
             return Err(KernelError::Leaf { op: name })
         }
-        Op::GatedDeltaNet { .. } | Op::Lstm { .. } | Op::DequantMatMul { .. } => {
+        Op::GatedDeltaNet { .. } | Op::Lstm { .. } => {
             return Err(KernelError::Unsupported {
                 op: name,
                 what: "this op (its CPU kernel lives elsewhere)".into(),
@@ -595,6 +596,33 @@ pub fn run_op(
             let o = f32_out(name, &mut out)?;
             attention::attention(&p, q, k, v, mask, o, true)
         }
+        Op::CacheWrite { .. } => {
+            let cache = f32_in(name, &inputs[0], 0)?;
+            let rows = f32_in(name, &inputs[1], 1)?;
+            let pos = index_in(name, &inputs[2], 2)?;
+            let o = f32_out(name, &mut out)?;
+            let p = pos.first().copied().ok_or_else(|| bad_shape(name, "empty position"))?;
+            movement::cache_write(cache, dims(0), rows, dims(1), p, o)
+        }
+        Op::DequantMatMul { scheme } => {
+            let x = f32_in(name, &inputs[0], 0)?;
+            let w = match inputs[1] {
+                In::U8(w) => w,
+                ref other => {
+                    return Err(KernelError::BadDtype {
+                        op: name,
+                        which: "input 1 (packed weights)".into(),
+                        expected: DType::U8,
+                        got: other.kind(),
+                    })
+                }
+            };
+            let k = in_shapes[0].last_dim();
+            let n = dims(1)[0];
+            let m = if k == 0 { 0 } else { x.len() / k };
+            let o = f32_out(name, &mut out)?;
+            quant::dequant_matmul(*scheme, x, m, k, w, n, o, true)
+        }
         Op::Softmax { axis } => {
             let x = f32_in(name, &inputs[0], 0)?;
             let o = f32_out(name, &mut out)?;
@@ -613,8 +641,7 @@ pub fn run_op(
         | Op::Param { .. }
         | Op::Constant { .. }
         | Op::GatedDeltaNet { .. }
-        | Op::Lstm { .. }
-        | Op::DequantMatMul { .. } => Err(KernelError::Unsupported {
+        | Op::Lstm { .. } => Err(KernelError::Unsupported {
             op: name,
             what: "this op".into(),
         }),
