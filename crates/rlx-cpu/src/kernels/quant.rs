@@ -1,0 +1,454 @@
+//! `DequantMatMul`: `y [m, n] = x [m, k] x W^T` with `W` packed as GGUF
+//! blocks, `u8 [n, row_bytes]`, one row of `k` elements per output feature.
+//!
+//! - `m == 1` (decode): a fused GEMV. Every weight row is dequantized block
+//!   by block into registers and dotted with `x`; the whole of `W` is never
+//!   expanded. Q4_1 and Q8_0 have hand-written AVX2+FMA+F16C paths; other
+//!   schemes (and CPUs without AVX2) dequantize one row at a time into a
+//!   small scratch buffer with `rlx_formats::quant::dequantize` and dot it.
+//!   Rows are split over the rayon pool in chunks.
+//! - `m > 1` (prefill): tiles of [`tile_rows`] weight rows are dequantized
+//!   into an f32 scratch tile and multiplied with `gemm`, producing `y^T`
+//!   tile by tile (disjoint, so tiles run in parallel); `y^T` is then
+//!   transposed into `y`.
+//!
+//! Numerics: weights dequantize exactly as ggml does (`x = q * d + m` in f32
+//! for the scalar paths); the fused Q4_1 path factors the block as
+//! `d * Σ q x + m * Σ x`, which differs from the dequantize-then-dot result
+//! only by f32 rounding (relative to `Σ |x| |w|`).
+
+use super::{bad_shape, exact_len, num_threads, simd, KernelError, PAR_MIN_ELEMS};
+use rayon::prelude::*;
+use rlx_formats::{quant::dequantize, GgmlType};
+use rlx_ir::QuantScheme;
+
+const OP: &str = "DequantMatMul";
+
+/// Weight rows dequantized per tile in the `m > 1` path: about 64 KiB of
+/// f32, between 16 and 64 rows.
+pub fn tile_rows(k: usize) -> usize {
+    (16384 / k.max(1)).clamp(16, 64)
+}
+
+/// `out [m, n] = x [m, k] x W^T` where `w` holds `n` packed rows of `k`
+/// elements in `scheme`. `parallel` lets the kernel use the rayon pool.
+///
+/// Errors when `k` is not a whole number of blocks or a buffer length does
+/// not match `m`, `n`, `k`.
+#[allow(clippy::too_many_arguments)]
+pub fn dequant_matmul(
+    scheme: QuantScheme,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[u8],
+    n: usize,
+    out: &mut [f32],
+    parallel: bool,
+) -> Result<(), KernelError> {
+    let rb = scheme.row_bytes(k).ok_or_else(|| {
+        bad_shape(
+            OP,
+            format!(
+                "K = {k} is not a multiple of the {} block size {}",
+                scheme.name(),
+                scheme.block_elems()
+            ),
+        )
+    })?;
+    let x_len = m
+        .checked_mul(k)
+        .ok_or_else(|| bad_shape(OP, "x extent overflows"))?;
+    let w_len = n
+        .checked_mul(rb)
+        .ok_or_else(|| bad_shape(OP, "W extent overflows"))?;
+    let o_len = m
+        .checked_mul(n)
+        .ok_or_else(|| bad_shape(OP, "output extent overflows"))?;
+    exact_len(OP, "x", x.len(), x_len)?;
+    exact_len(OP, &format!("packed {} W", scheme.name()), w.len(), w_len)?;
+    exact_len(OP, "output", out.len(), o_len)?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    let work = n.saturating_mul(k).saturating_mul(m);
+    let parallel = parallel && num_threads() > 1 && work >= PAR_MIN_ELEMS;
+    if m == 1 {
+        gemv(scheme, x, k, w, rb, out, parallel)
+    } else {
+        gemm_tiled(scheme, x, m, k, w, rb, n, out, parallel)
+    }
+}
+
+/// Per-call data shared by every row of a GEMV.
+struct GemvCtx<'a> {
+    scheme: QuantScheme,
+    x: &'a [f32],
+    k: usize,
+    rb: usize,
+    /// Σ x over each 32-element block (Q4_1's min term).
+    xsum: Vec<f32>,
+    /// Whether the AVX2 + FMA + F16C paths may run.
+    avx2: bool,
+}
+
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+fn gemv(
+    scheme: QuantScheme,
+    x: &[f32],
+    k: usize,
+    w: &[u8],
+    rb: usize,
+    out: &mut [f32],
+    parallel: bool,
+) -> Result<(), KernelError> {
+    let avx2 = has_avx2();
+    let xsum = if scheme == QuantScheme::Q4_1 && avx2 {
+        x.chunks_exact(32).map(simd::sum).collect()
+    } else {
+        Vec::new()
+    };
+    let ctx = GemvCtx {
+        scheme,
+        x,
+        k,
+        rb,
+        xsum,
+        avx2,
+    };
+    let n = out.len();
+    if !parallel {
+        return gemv_rows(&ctx, w, out);
+    }
+    // A few chunks per thread, each at least ~32K multiply-adds.
+    let rows_per_chunk = n
+        .div_ceil(num_threads() * 4)
+        .max(32768 / k.max(1))
+        .max(1);
+    out.par_chunks_mut(rows_per_chunk)
+        .zip(w.par_chunks(rows_per_chunk * rb))
+        .try_for_each(|(o, wr)| gemv_rows(&ctx, wr, o))
+}
+
+/// `out[r] = dot(x, dequant(w row r))` for the rows of one chunk.
+fn gemv_rows(ctx: &GemvCtx<'_>, w: &[u8], out: &mut [f32]) -> Result<(), KernelError> {
+    #[cfg(target_arch = "x86_64")]
+    if ctx.avx2 {
+        match ctx.scheme {
+            QuantScheme::Q4_1 => {
+                for (o, row) in out.iter_mut().zip(w.chunks_exact(ctx.rb)) {
+                    // SAFETY: `avx2` is set only when the CPU has AVX2, FMA
+                    // and F16C. `row` holds k/32 blocks of 20 bytes and `x`
+                    // and `xsum` hold k and k/32 elements (checked by the
+                    // caller: row_bytes(k) == rb, x.len() == k).
+                    *o = unsafe { x86::q4_1_dot(row, ctx.x, &ctx.xsum) };
+                }
+                return Ok(());
+            }
+            QuantScheme::Q8_0 => {
+                for (o, row) in out.iter_mut().zip(w.chunks_exact(ctx.rb)) {
+                    // SAFETY: as above; `row` holds k/32 blocks of 34 bytes.
+                    *o = unsafe { x86::q8_0_dot(row, ctx.x) };
+                }
+                return Ok(());
+            }
+            _ => {}
+        }
+    }
+    let ty = GgmlType::from(ctx.scheme);
+    let mut buf = vec![0.0f32; ctx.k];
+    for (o, row) in out.iter_mut().zip(w.chunks_exact(ctx.rb)) {
+        dequantize(ty, row, ctx.k, &mut buf)
+            .map_err(|e| bad_shape(OP, format!("dequantizing a weight row: {e}")))?;
+        *o = dot(&buf, ctx.x);
+    }
+    Ok(())
+}
+
+simd::simd_dispatch! {
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        simd::dot(a, b)
+    }
+}
+
+/// `m > 1`: dequantize tiles of W rows and multiply with gemm into `y^T`.
+#[allow(clippy::too_many_arguments)]
+fn gemm_tiled(
+    scheme: QuantScheme,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[u8],
+    rb: usize,
+    n: usize,
+    out: &mut [f32],
+    parallel: bool,
+) -> Result<(), KernelError> {
+    let ty = GgmlType::from(scheme);
+    let t = tile_rows(k);
+    let mut yt = vec![0.0f32; n * m];
+    let tile = |buf: &mut Vec<f32>, yt_tile: &mut [f32], w_tile: &[u8]| {
+        let rows = yt_tile.len() / m;
+        let wf = &mut buf[..rows * k];
+        dequantize(ty, w_tile, rows * k, wf)
+            .map_err(|e| bad_shape(OP, format!("dequantizing a weight tile: {e}")))?;
+        // y^T tile [rows, m] = W tile [rows, k] x x^T.
+        super::matmul::gemm_bt(rows, m, k, wf, k, x, k, yt_tile, m, false, false)
+    };
+    if parallel {
+        yt.par_chunks_mut(t * m)
+            .zip(w.par_chunks(t * rb))
+            .try_for_each_init(
+                || vec![0.0f32; t * k],
+                |buf, (yt_tile, w_tile)| tile(buf, yt_tile, w_tile),
+            )?;
+    } else {
+        let mut buf = vec![0.0f32; t * k];
+        for (yt_tile, w_tile) in yt.chunks_mut(t * m).zip(w.chunks(t * rb)) {
+            tile(&mut buf, yt_tile, w_tile)?;
+        }
+    }
+    for (i, orow) in out.chunks_exact_mut(n).enumerate() {
+        for (j, o) in orow.iter_mut().enumerate() {
+            *o = yt[j * m + i];
+        }
+    }
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Horizontal sum of 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps(v, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// Two f16 values at `p` (little-endian) as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16x2(p: *const u8) -> (f32, f32) {
+        let bits = (p as *const i32).read_unaligned();
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+        (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+    }
+
+    /// One f16 at `p` as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn f16x1(p: *const u8) -> f32 {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+
+    /// `Σ_b d_b Σ_i q_bi x_bi + m_b xsum_b` over the Q4_1 blocks of `row`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `x.len() >= 32 * nb` and
+    /// `xsum.len() >= nb` where `nb = row.len() / 20`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q4_1_dot(row: &[u8], x: &[f32], xsum: &[f32]) -> f32 {
+        let nb = row.len() / 20;
+        debug_assert!(x.len() >= nb * 32 && xsum.len() >= nb);
+        let mask = _mm_set1_epi8(0x0F);
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut macc = 0.0f32;
+        let rp = row.as_ptr();
+        let xp = x.as_ptr();
+        for b in 0..nb {
+            // SAFETY (all reads): block b spans bytes 20b..20b+20 of `row`
+            // and elements 32b..32b+32 of `x`, within bounds by the contract.
+            let blk = rp.add(b * 20);
+            let (d, mn) = f16x2(blk);
+            let qs = _mm_loadu_si128(blk.add(4) as *const __m128i);
+            let lo = _mm_and_si128(qs, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
+            let q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+            let q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo)));
+            let q2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+            let q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)));
+            let xb = xp.add(b * 32);
+            let t0 = _mm256_mul_ps(q0, _mm256_loadu_ps(xb));
+            let t1 = _mm256_mul_ps(q1, _mm256_loadu_ps(xb.add(8)));
+            let t0 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xb.add(16)), t0);
+            let t1 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xb.add(24)), t1);
+            let t = _mm256_add_ps(t0, t1);
+            if b % 2 == 0 {
+                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc0);
+            } else {
+                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc1);
+            }
+            macc += mn * *xsum.get_unchecked(b);
+        }
+        hsum(_mm256_add_ps(acc0, acc1)) + macc
+    }
+
+    /// `Σ_b d_b Σ_i q_bi x_bi` over the Q8_0 blocks of `row`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `x.len() >= 32 * nb` where
+    /// `nb = row.len() / 34`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0_dot(row: &[u8], x: &[f32]) -> f32 {
+        let nb = row.len() / 34;
+        debug_assert!(x.len() >= nb * 32);
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let rp = row.as_ptr();
+        let xp = x.as_ptr();
+        for b in 0..nb {
+            // SAFETY (all reads): block b spans bytes 34b..34b+34 of `row`
+            // and elements 32b..32b+32 of `x`, within bounds by the contract.
+            let blk = rp.add(b * 34);
+            let d = f16x1(blk);
+            let qp = blk.add(2);
+            macro_rules! ld {
+                ($o:expr) => {
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                        qp.add($o) as *const __m128i
+                    )))
+                };
+            }
+            let (q0, q1, q2, q3) = (ld!(0), ld!(8), ld!(16), ld!(24));
+            let xb = xp.add(b * 32);
+            let t0 = _mm256_mul_ps(q0, _mm256_loadu_ps(xb));
+            let t1 = _mm256_mul_ps(q1, _mm256_loadu_ps(xb.add(8)));
+            let t0 = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xb.add(16)), t0);
+            let t1 = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xb.add(24)), t1);
+            let t = _mm256_add_ps(t0, t1);
+            if b % 2 == 0 {
+                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc0);
+            } else {
+                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc1);
+            }
+        }
+        hsum(_mm256_add_ps(acc0, acc1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic pseudo-random stream.
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) as u32
+        }
+        fn f(&mut self) -> f32 {
+            self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
+        }
+    }
+
+    /// Random packed rows whose f16 scale fields hold small finite values.
+    fn random_rows(scheme: QuantScheme, n: usize, k: usize, rng: &mut Lcg) -> Vec<u8> {
+        let rb = scheme.row_bytes(k).unwrap();
+        let mut w: Vec<u8> = (0..n * rb).map(|_| rng.next() as u8).collect();
+        // Overwrite every f16 scale with a value in [0.001, 0.06].
+        let bb = scheme.block_bytes();
+        let scale_offsets: &[usize] = match scheme {
+            QuantScheme::Q4_0 | QuantScheme::Q5_0 | QuantScheme::Q8_0 => &[0],
+            QuantScheme::Q4_1 | QuantScheme::Q5_1 => &[0, 2],
+            QuantScheme::Q2K => &[80, 82],
+            QuantScheme::Q3K => &[108],
+            QuantScheme::Q4K | QuantScheme::Q5K => &[0, 2],
+            QuantScheme::Q6K => &[208],
+            QuantScheme::Q8K => &[],
+        };
+        for blk in w.chunks_exact_mut(bb) {
+            for &o in scale_offsets {
+                let v = half::f16::from_f32(0.001 + (rng.next() % 1000) as f32 * 6e-5);
+                let v = if scheme == QuantScheme::Q4_1 && o == 2 { -v } else { v };
+                blk[o..o + 2].copy_from_slice(&v.to_bits().to_le_bytes());
+            }
+            if scheme == QuantScheme::Q8K {
+                blk[..4].copy_from_slice(&0.01f32.to_le_bytes());
+            }
+        }
+        w
+    }
+
+    fn check(scheme: QuantScheme, m: usize, n: usize, k: usize, parallel: bool) {
+        let mut rng = Lcg(m as u64 * 1000 + n as u64 * 7 + k as u64);
+        let w = random_rows(scheme, n, k, &mut rng);
+        let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
+        let mut out = vec![f32::NAN; m * n];
+        dequant_matmul(scheme, &x, m, k, &w, n, &mut out, parallel).unwrap();
+        let ty = GgmlType::from(scheme);
+        let rb = scheme.row_bytes(k).unwrap();
+        let mut wf = vec![0.0f32; k];
+        for j in 0..n {
+            dequantize(ty, &w[j * rb..(j + 1) * rb], k, &mut wf).unwrap();
+            for i in 0..m {
+                let xr = &x[i * k..(i + 1) * k];
+                let want: f64 = xr.iter().zip(&wf).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let mag: f64 = xr.iter().zip(&wf).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                let got = out[i * n + j] as f64;
+                assert!(
+                    (got - want).abs() <= 1e-5 * mag + 1e-30,
+                    "{scheme:?} m={m} n={n} k={k} [{i},{j}]: {got} vs {want} (mag {mag})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_scheme_matches_dequantize_then_dot() {
+        for scheme in QuantScheme::ALL {
+            let k = scheme.block_elems() * 3;
+            for &m in &[1, 3] {
+                check(scheme, m, 37, k, false);
+                check(scheme, m, 37, k, true);
+            }
+        }
+    }
+
+    #[test]
+    fn fast_paths_at_model_sizes() {
+        for scheme in [QuantScheme::Q4_1, QuantScheme::Q8_0] {
+            check(scheme, 1, 300, 576, true);
+            check(scheme, 5, 200, 1536, true);
+            check(scheme, 70, 130, 576, true);
+        }
+    }
+
+    #[test]
+    fn bad_sizes_are_errors() {
+        let s = QuantScheme::Q8_0;
+        let mut out = vec![0.0; 2];
+        assert!(dequant_matmul(s, &[0.0; 31], 1, 31, &[0; 68], 2, &mut out, false).is_err());
+        assert!(dequant_matmul(s, &[0.0; 32], 1, 32, &[0; 67], 2, &mut out, false).is_err());
+        assert!(dequant_matmul(s, &[0.0; 32], 1, 32, &[0; 68], 2, &mut out[..1], false).is_err());
+        assert!(dequant_matmul(s, &[0.0; 32], 1, 32, &[0; 68], 2, &mut out, false).is_ok());
+    }
+}
