@@ -1316,13 +1316,19 @@ fn bad_inputs_are_errors() {
     )
     .unwrap_err();
     assert!(matches!(err, KernelError::Leaf { .. }), "{err}");
-    // Ops owned elsewhere.
+    // A recurrent op without its inputs fails the shape rule.
     let op = Op::GatedDeltaNet {
         state_size: 2,
         carry_state: false,
     };
     let err = run_op(&op, &[], &[], Out::F32(&mut out), &s).unwrap_err();
-    assert!(matches!(err, KernelError::Unsupported { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            KernelError::BadShape { .. } | KernelError::BadBuffer { .. }
+        ),
+        "{err}"
+    );
     // Mismatched matmul K.
     let err = run_op(
         &Op::MatMul,
@@ -1335,4 +1341,56 @@ fn bad_inputs_are_errors() {
     assert!(matches!(err, KernelError::BadShape { .. }), "{err}");
     // Error messages name the op.
     assert!(err.to_string().starts_with("MatMul"), "{err}");
+}
+
+#[test]
+fn cache_write_replaces_rows_and_checks_range() {
+    let (b, ctx, d, n) = (2usize, 5usize, 3usize, 2usize);
+    let cache: Vec<f32> = (0..b * ctx * d).map(|v| v as f32).collect();
+    let rows: Vec<f32> = (0..b * n * d).map(|v| -(v as f32) - 1.0).collect();
+    let shapes = [
+        Shape::f32(&[b, ctx, d]),
+        Shape::f32(&[b, n, d]),
+        Shape::new(&[1], DType::I64),
+    ];
+    let refs: Vec<&Shape> = shapes.iter().collect();
+    let op = Op::CacheWrite { axis: 1 };
+    let mut out = vec![f32::NAN; cache.len()];
+    run_op(
+        &op,
+        &[In::F32(&cache), In::F32(&rows), In::I64(&[3])],
+        &refs,
+        Out::F32(&mut out),
+        &Shape::f32(&[b, ctx, d]),
+    )
+    .unwrap();
+    for bi in 0..b {
+        for t in 0..ctx {
+            for e in 0..d {
+                let got = out[(bi * ctx + t) * d + e];
+                let want = if (3..5).contains(&t) {
+                    rows[(bi * n + t - 3) * d + e]
+                } else {
+                    cache[(bi * ctx + t) * d + e]
+                };
+                assert_eq!(got, want);
+            }
+        }
+    }
+    for bad in [4i64, -1] {
+        let err = run_op(
+            &op,
+            &[In::F32(&cache), In::F32(&rows), In::I64(&[bad])],
+            &refs,
+            Out::F32(&mut out),
+            &Shape::f32(&[b, ctx, d]),
+        )
+        .unwrap_err();
+        assert!(matches!(err, KernelError::IndexOutOfRange { .. }), "{err}");
+    }
+    // In place.
+    let mut c2 = cache.clone();
+    rlx_cpu::kernels::movement::cache_write_inplace(&mut c2, &[b, ctx, d], &rows, &[b, n, d], 3)
+        .unwrap();
+    assert_eq!(c2, out);
 }

@@ -315,3 +315,79 @@ pub fn cast(input: &In<'_>, to: DType, out: Out<'_>) -> Result<(), KernelError> 
         (In::U8(a), Out::U8(o)) => conv!(a, o, |x| x),
     }
 }
+
+fn cache_geometry(
+    cache_dims: &[usize],
+    rows_dims: &[usize],
+    pos: i64,
+) -> Result<(usize, usize, usize, usize), KernelError> {
+    let op = "CacheWrite";
+    if cache_dims.len() != 3 || rows_dims.len() != 3 {
+        return Err(bad_shape(
+            op,
+            format!("expected cache [B, ctx, D] and rows [B, n, D], got {cache_dims:?} and {rows_dims:?}"),
+        ));
+    }
+    let (b, ctx, d) = (cache_dims[0], cache_dims[1], cache_dims[2]);
+    let n = rows_dims[1];
+    if rows_dims[0] != b || rows_dims[2] != d || n > ctx {
+        return Err(bad_shape(
+            op,
+            format!("rows {rows_dims:?} do not fit cache {cache_dims:?}"),
+        ));
+    }
+    if pos < 0 || pos as u64 + n as u64 > ctx as u64 {
+        return Err(KernelError::IndexOutOfRange {
+            op,
+            index: pos,
+            size: ctx - n + 1,
+        });
+    }
+    Ok((b, ctx, d, n))
+}
+
+/// In-place KV-cache update: rows `pos..pos+n` along axis 1 of `cache
+/// [B, ctx, D]` become `rows [B, n, D]`. Costs O(B * n * D). A position
+/// with `pos + n > ctx` or `pos < 0` is an error.
+pub fn cache_write_inplace(
+    cache: &mut [f32],
+    cache_dims: &[usize],
+    rows: &[f32],
+    rows_dims: &[usize],
+    pos: i64,
+) -> Result<(), KernelError> {
+    let (b, ctx, d, n) = cache_geometry(cache_dims, rows_dims, pos)?;
+    exact_len("CacheWrite", "cache", cache.len(), b * ctx * d)?;
+    exact_len("CacheWrite", "rows", rows.len(), b * n * d)?;
+    let p = pos as usize;
+    if n * d == 0 {
+        return Ok(());
+    }
+    for (bi, src) in rows.chunks_exact(n * d).enumerate() {
+        let at = (bi * ctx + p) * d;
+        cache[at..at + n * d].copy_from_slice(src);
+    }
+    Ok(())
+}
+
+/// Out-of-place `CacheWrite`: `out = cache` with rows `pos..pos+n` along
+/// axis 1 replaced by `rows`.
+pub fn cache_write(
+    cache: &[f32],
+    cache_dims: &[usize],
+    rows: &[f32],
+    rows_dims: &[usize],
+    pos: i64,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    cache_geometry(cache_dims, rows_dims, pos)?;
+    exact_len(
+        "CacheWrite",
+        "cache",
+        cache.len(),
+        cache_dims.iter().product(),
+    )?;
+    exact_len("CacheWrite", "output", out.len(), cache.len())?;
+    out.copy_from_slice(cache);
+    cache_write_inplace(out, cache_dims, rows, rows_dims, pos)
+}

@@ -50,7 +50,8 @@ fn exp_hilo(hi: f32, lo: f32) -> f32 {
     let x = hi + lo;
     // Clamp (NaN passes through both comparisons unchanged).
     let xc = x.clamp(-104.0, 88.8);
-    let kf = (xc * LOG2E + ROUND_MAGIC) - ROUND_MAGIC;
+    let shifted = xc * LOG2E + ROUND_MAGIC;
+    let kf = shifted - ROUND_MAGIC;
     let r = ((hi - kf * LN2_HI) + lo) - kf * LN2_LO;
     // exp(r) for |r| <= ~0.35: Taylor to degree 7, error < 6e-9.
     let p = 1.0
@@ -59,11 +60,14 @@ fn exp_hilo(hi: f32, lo: f32) -> f32 {
                 + r * (1.0 / 6.0
                     + r * (1.0 / 24.0
                         + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    let k = kf as i32;
+    // The integer k sits in the low mantissa bits of `shifted` (|k| < 2^22);
+    // reading it from the bits avoids a saturating float->int conversion,
+    // which blocks vectorization. For NaN, k is garbage but y is NaN anyway.
+    let k = (shifted.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
     let k1 = k >> 1;
-    let k2 = k - k1;
-    let s1 = f32::from_bits(((k1 + 127) as u32) << 23);
-    let s2 = f32::from_bits(((k2 + 127) as u32) << 23);
+    let k2 = k.wrapping_sub(k1);
+    let s1 = f32::from_bits((k1.wrapping_add(127) as u32) << 23);
+    let s2 = f32::from_bits((k2.wrapping_add(127) as u32) << 23);
     let y = p * s1 * s2;
     if x > 88.8 {
         f32::INFINITY
