@@ -1,7 +1,17 @@
 //! rlx-models: model graph builders and weight mapping.
 //!
 //! - [`bert`]: BERT encoders from `config.json`.
+//! - [`embedder`]: [`SentenceEmbedder`], sentence embeddings end to end.
 //! - [`tokenizer`]: BERT WordPiece tokenization via `tokenizers`.
+//! - [`gguf_tokenizer`]: byte-level BPE tokenization from GGUF metadata.
+//! - [`llama`]: Llama-family decoders from GGUF (prefill/decode graphs, KV cache, generation).
+//! - [`sampling`]: greedy / temperature / top-k / top-p sampling.
 
 pub mod bert;
+pub mod embedder;
+pub mod gguf_tokenizer;
+pub mod llama;
+pub mod sampling;
 pub mod tokenizer;
+
+pub use embedder::{EmbedOptions, ModelError, SentenceEmbedder};

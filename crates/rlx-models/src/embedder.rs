@@ -1,0 +1,253 @@
+//! `SentenceEmbedder`: a sentence-transformers BERT directory in, normalized
+//! embeddings out.
+
+use crate::bert::{build_graph, BertConfig, BertOutputs};
+use crate::tokenizer::{BertTokenizer, TokenizerError};
+use rlx_cpu::{CpuModel, CpuOptions};
+use rlx_formats::{FormatError, SafeTensorsFile};
+use rlx_ir::{DType, Tensor, TensorData};
+use rlx_runtime::{Executable, RuntimeError, TensorRef};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Errors loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A required file is missing.
+    #[error("{path}: missing ({what})")]
+    MissingFile {
+        /// The path looked for.
+        path: PathBuf,
+        /// What it should hold.
+        what: &'static str,
+    },
+    /// A config file could not be read or parsed.
+    #[error("{path}: {message}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong.
+        message: String,
+    },
+    /// The directory holds an architecture rlx does not build.
+    #[error("{path}: unsupported architecture {found:?} (model_type '{model_type}'); rlx embeds BERT-family models")]
+    UnknownArchitecture {
+        /// The config file.
+        path: PathBuf,
+        /// `architectures` in the config.
+        found: Vec<String>,
+        /// `model_type` in the config.
+        model_type: String,
+    },
+    /// A weight file problem (missing tensor, wrong shape or dtype, corrupt file).
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// A tokenizer problem.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// Building or optimizing the graph failed.
+    #[error("graph: {0}")]
+    Graph(String),
+    /// Compiling or running failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+/// How the embedder runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbedOptions {
+    /// Hybrid plan (compiled segments + thunks) instead of thunks only.
+    pub hybrid: bool,
+    /// Worker threads (`None`: rayon's default).
+    pub threads: Option<usize>,
+    /// Apply the graph optimizer (fusion passes).
+    pub optimize: bool,
+}
+
+impl Default for EmbedOptions {
+    fn default() -> Self {
+        EmbedOptions {
+            hybrid: true,
+            threads: None,
+            optimize: true,
+        }
+    }
+}
+
+/// A loaded sentence-embedding model.
+pub struct SentenceEmbedder {
+    cfg: BertConfig,
+    tokenizer: BertTokenizer,
+    weights: Vec<(String, Tensor)>,
+    opts: EmbedOptions,
+    models: HashMap<(usize, usize, bool), CpuModel>,
+}
+
+fn read_json(path: &Path) -> Result<serde_json::Value, ModelError> {
+    let text = std::fs::read_to_string(path).map_err(|_| ModelError::MissingFile {
+        path: path.into(),
+        what: "a JSON config",
+    })?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Config {
+        path: path.into(),
+        message: format!("invalid JSON: {e}"),
+    })
+}
+
+impl SentenceEmbedder {
+    /// Load `config.json`, `tokenizer.json`, `sentence_bert_config.json` and
+    /// `model.safetensors` from `dir`, validating every tensor.
+    pub fn load(dir: impl AsRef<Path>) -> Result<Self, ModelError> {
+        Self::load_with(dir, EmbedOptions::default())
+    }
+
+    /// [`SentenceEmbedder::load`] with options.
+    pub fn load_with(dir: impl AsRef<Path>, opts: EmbedOptions) -> Result<Self, ModelError> {
+        let dir = dir.as_ref();
+        let cfg_path = dir.join("config.json");
+        let raw = read_json(&cfg_path)?;
+        let cfg: BertConfig = serde_json::from_value(raw).map_err(|e| ModelError::Config {
+            path: cfg_path.clone(),
+            message: format!("not a BERT config: {e}"),
+        })?;
+        let is_bert = cfg.model_type == "bert"
+            || cfg.architectures.iter().any(|a| a.starts_with("Bert"));
+        if !is_bert || cfg.activation().is_none() {
+            return Err(ModelError::UnknownArchitecture {
+                path: cfg_path,
+                found: cfg.architectures.clone(),
+                model_type: cfg.model_type.clone(),
+            });
+        }
+        let st_path = dir.join("sentence_bert_config.json");
+        let max_len = if st_path.exists() {
+            read_json(&st_path)?
+                .get("max_seq_length")
+                .and_then(|v| v.as_u64())
+                .map(|v| v as usize)
+        } else {
+            None
+        }
+        .unwrap_or(cfg.max_position_embeddings)
+        .min(cfg.max_position_embeddings);
+        let tokenizer = BertTokenizer::from_dir(dir, Some(max_len))?;
+        let weights_path = dir.join("model.safetensors");
+        if !weights_path.exists() {
+            return Err(ModelError::MissingFile {
+                path: weights_path,
+                what: "the model weights",
+            });
+        }
+        let file = SafeTensorsFile::open(&weights_path)?;
+        let mut weights = Vec::new();
+        for (name, dims, transposed) in cfg.params() {
+            let stored = if transposed { vec![dims[1], dims[0]] } else { dims.clone() };
+            let data = file.tensor_f32(&name, &stored)?;
+            let v = if transposed {
+                let (o, i) = (stored[0], stored[1]);
+                let mut t = vec![0f32; o * i];
+                for r in 0..o {
+                    for c in 0..i {
+                        t[c * o + r] = data[r * i + c];
+                    }
+                }
+                t
+            } else {
+                data.into_owned()
+            };
+            weights.push((name, Tensor::f32(&dims, v)));
+        }
+        Ok(SentenceEmbedder {
+            cfg,
+            tokenizer,
+            weights,
+            opts,
+            models: HashMap::new(),
+        })
+    }
+
+    /// The model config.
+    pub fn config(&self) -> &BertConfig {
+        &self.cfg
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &BertTokenizer {
+        &self.tokenizer
+    }
+
+    /// Embedding width.
+    pub fn dim(&self) -> usize {
+        self.cfg.hidden_size
+    }
+
+    /// The compiled model for a batch shape, compiling it on first use.
+    pub fn model_for(&mut self, batch: usize, seq: usize, tokens: bool) -> Result<&mut CpuModel, ModelError> {
+        let key = (batch, seq, tokens);
+        if !self.models.contains_key(&key) {
+            let g = build_graph(&self.cfg, batch, seq, BertOutputs { pooled: true, tokens })
+                .map_err(|e| ModelError::Graph(e.to_string()))?;
+            let g = if self.opts.optimize {
+                let opt = rlx_opt::OptOptions {
+                    target: std::sync::Arc::new(|_: &rlx_ir::Op| true),
+                    ..Default::default()
+                };
+                rlx_opt::optimize(&g, &opt).map_err(|e| ModelError::Graph(e.to_string()))?.0
+            } else {
+                g
+            };
+            let mut m = CpuModel::compile(
+                g,
+                &CpuOptions {
+                    hybrid: self.opts.hybrid,
+                    threads: self.opts.threads,
+                    ..Default::default()
+                },
+            )?;
+            for (name, t) in &self.weights {
+                m.set_param_tensor(name, t.clone())?;
+            }
+            self.models.insert(key, m);
+        }
+        Ok(self.models.get_mut(&key).expect("inserted above"))
+    }
+
+    /// Embed `texts` as one padded batch: one L2-normalized vector per text.
+    pub fn embed(&mut self, texts: &[&str]) -> Result<Vec<Vec<f32>>, ModelError> {
+        Ok(self.embed_batch(texts, false)?.0)
+    }
+
+    /// Embed, also returning the last hidden states per text (`len x hidden`, unpadded).
+    pub fn embed_with_tokens(&mut self, texts: &[&str]) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>), ModelError> {
+        let (e, t) = self.embed_batch(texts, true)?;
+        Ok((e, t.unwrap_or_default()))
+    }
+
+    fn embed_batch(&mut self, texts: &[&str], tokens: bool) -> Result<(Vec<Vec<f32>>, Option<Vec<Vec<f32>>>), ModelError> {
+        if texts.is_empty() {
+            return Ok((vec![], tokens.then(Vec::new)));
+        }
+        let batch = self.tokenizer.encode_batch(texts)?;
+        let (b, s, h) = (batch.batch, batch.seq, self.cfg.hidden_size);
+        let model = self.model_for(b, s, tokens)?;
+        let outs = model.run(&[
+            ("input_ids", TensorRef::I64(&batch.ids)),
+            ("token_type_ids", TensorRef::I64(&batch.token_type_ids)),
+            ("attention_mask", TensorRef::F32(&batch.attention_mask)),
+        ])?;
+        let f32s = |t: &Tensor| match &*t.data {
+            TensorData::F32(v) => v.clone(),
+            _ => Vec::new(),
+        };
+        let pooled = f32s(&outs[0]);
+        let emb = pooled.chunks(h).map(|c| c.to_vec()).collect();
+        let toks = tokens.then(|| {
+            let all = f32s(&outs[1]);
+            (0..b)
+                .map(|i| all[i * s * h..(i * s + batch.lengths[i]) * h].to_vec())
+                .collect()
+        });
+        debug_assert_eq!(outs[0].shape.dtype, DType::F32);
+        Ok((emb, toks))
+    }
+}

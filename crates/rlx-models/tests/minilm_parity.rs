@@ -1,0 +1,85 @@
+//! all-MiniLM-L6-v2 embeddings against the PyTorch reference
+//! (tests/data/minilm_embeddings.json, see tests/data/README.md): token ids
+//! exactly equal; every embedding within 1e-4 max-abs and cosine >= 0.99999;
+//! thunks and hybrid; batched and one sentence at a time.
+
+use rlx_models::{EmbedOptions, SentenceEmbedder};
+use std::path::PathBuf;
+
+fn model_dir() -> Option<PathBuf> {
+    let root = std::env::var_os("RLX_MODELS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models")))?;
+    let dir = root.join("all-minilm-l6-v2");
+    dir.join("model.safetensors").exists().then_some(dir)
+}
+
+struct Case {
+    text: String,
+    ids: Vec<i64>,
+    emb: Vec<f32>,
+}
+
+fn cases() -> Vec<Case> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/minilm_embeddings.json");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let s = v["sentences"].as_array().unwrap();
+    (0..s.len())
+        .map(|i| Case {
+            text: s[i].as_str().unwrap().to_string(),
+            ids: v["token_ids"][i].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect(),
+            emb: v["embeddings"][i].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect(),
+        })
+        .collect()
+}
+
+fn check(got: &[f32], want: &[f32], what: &str) {
+    let max_abs = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let dot: f32 = got.iter().zip(want).map(|(a, b)| a * b).sum();
+    let na = got.iter().map(|a| a * a).sum::<f32>().sqrt();
+    let nb = want.iter().map(|a| a * a).sum::<f32>().sqrt();
+    let cos = dot / (na * nb);
+    assert!(max_abs <= 1e-4, "{what}: max abs error {max_abs:e}");
+    assert!(cos >= 0.99999, "{what}: cosine {cos}");
+}
+
+#[test]
+fn minilm_matches_pytorch_in_every_mode() {
+    let Some(dir) = model_dir() else {
+        println!("skipped: model not fetched (run python3 scripts/fetch_models.py minilm)");
+        return;
+    };
+    let cases = cases();
+    assert_eq!(cases.len(), 12);
+    for hybrid in [false, true] {
+        let mut m = SentenceEmbedder::load_with(&dir, EmbedOptions { hybrid, ..Default::default() }).unwrap();
+        for c in &cases {
+            let batch = m.tokenizer().encode_batch(&[c.text.as_str()]).unwrap();
+            assert_eq!(batch.row_ids(0).unwrap(), &c.ids[..], "token ids of {:?}", c.text);
+        }
+        let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
+        let batched = m.embed(&texts).unwrap();
+        for (c, got) in cases.iter().zip(&batched) {
+            check(got, &c.emb, &format!("hybrid={hybrid} batched {:?}", c.text));
+        }
+        for c in &cases {
+            let one = m.embed(&[c.text.as_str()]).unwrap();
+            check(&one[0], &c.emb, &format!("hybrid={hybrid} single {:?}", c.text));
+        }
+    }
+}
+
+#[test]
+fn bad_model_directories_are_clear_errors() {
+    let tmp = std::env::temp_dir().join(format!("rlx-bad-model-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let err = SentenceEmbedder::load(&tmp).err().expect("empty dir must fail").to_string();
+    assert!(err.contains("config.json"), "{err}");
+    std::fs::write(tmp.join("config.json"), r#"{"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16, "vocab_size": 10, "max_position_embeddings": 16, "model_type": "gpt2", "architectures": ["GPT2Model"]}"#).unwrap();
+    let err = SentenceEmbedder::load(&tmp).err().expect("gpt2 must fail").to_string();
+    assert!(err.contains("unsupported architecture"), "{err}");
+    std::fs::write(tmp.join("config.json"), "{not json").unwrap();
+    let err = SentenceEmbedder::load(&tmp).err().expect("bad json must fail").to_string();
+    assert!(err.contains("invalid JSON"), "{err}");
+    std::fs::remove_dir_all(&tmp).ok();
+}
