@@ -13,6 +13,7 @@ pub mod matmul;
 pub mod movement;
 pub mod norm;
 pub mod quant;
+pub mod recurrent;
 pub mod reduce;
 pub mod rope;
 pub mod simd;
@@ -375,8 +376,7 @@ macro_rules! same_kind {
 /// Buffers are contiguous row-major.
 ///
 /// Validates buffer kinds and lengths against the shapes and the shapes
-/// against the op's shape rule, then computes the op. Leaves are refused;
-/// `GatedDeltaNet` and `Lstm` have no kernel here yet.
+/// against the op's shape rule, then computes the op. Leaves are refused.
 pub fn run_op(
     op: &Op,
     inputs: &[In<'_>],
@@ -388,12 +388,6 @@ pub fn run_op(
     match op {
         Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => {
             return Err(KernelError::Leaf { op: name })
-        }
-        Op::GatedDeltaNet { .. } | Op::Lstm { .. } => {
-            return Err(KernelError::Unsupported {
-                op: name,
-                what: "this op (its CPU kernel lives elsewhere)".into(),
-            })
         }
         _ => {}
     }
@@ -601,7 +595,10 @@ pub fn run_op(
             let rows = f32_in(name, &inputs[1], 1)?;
             let pos = index_in(name, &inputs[2], 2)?;
             let o = f32_out(name, &mut out)?;
-            let p = pos.first().copied().ok_or_else(|| bad_shape(name, "empty position"))?;
+            let p = pos
+                .first()
+                .copied()
+                .ok_or_else(|| bad_shape(name, "empty position"))?;
             movement::cache_write(cache, dims(0), rows, dims(1), p, o)
         }
         Op::DequantMatMul { scheme } => {
@@ -623,6 +620,45 @@ pub fn run_op(
             let o = f32_out(name, &mut out)?;
             quant::dequant_matmul(*scheme, x, m, k, w, n, o, true)
         }
+        Op::GatedDeltaNet {
+            state_size,
+            carry_state,
+        } => {
+            let f = |i: usize| f32_in(name, &inputs[i], i);
+            let state = if *carry_state { Some(f(5)?) } else { None };
+            let d = dims(0);
+            let gd = recurrent::GdnDims {
+                batch: d[0],
+                seq: d[1],
+                heads: d[2],
+                n: *state_size,
+            };
+            let (q, k, v, g, beta) = (f(0)?, f(1)?, f(2)?, f(3)?, f(4)?);
+            let o = f32_out(name, &mut out)?;
+            let form = recurrent::GdnForm::Auto;
+            recurrent::gated_delta_net(&gd, q, k, v, g, beta, state, form, o)
+        }
+        Op::Lstm {
+            hidden_size,
+            num_layers,
+            bidirectional,
+            carry,
+        } => {
+            let f = |i: usize| f32_in(name, &inputs[i], i);
+            let state = if *carry { Some((f(4)?, f(5)?)) } else { None };
+            let d = dims(0);
+            let spec = recurrent::LstmSpec {
+                batch: d[0],
+                seq: d[1],
+                input: d[2],
+                hidden: *hidden_size,
+                layers: *num_layers,
+                bidirectional: *bidirectional,
+            };
+            let (x, wi, wh, b) = (f(0)?, f(1)?, f(2)?, f(3)?);
+            let o = f32_out(name, &mut out)?;
+            recurrent::lstm(&spec, x, wi, wh, b, state, o)
+        }
         Op::Softmax { axis } => {
             let x = f32_in(name, &inputs[0], 0)?;
             let o = f32_out(name, &mut out)?;
@@ -637,13 +673,11 @@ pub fn run_op(
             let o = f32_out(name, &mut out)?;
             reduce::reduce(*rop, x, dims(0), axes, o)
         }
-        Op::Input { .. }
-        | Op::Param { .. }
-        | Op::Constant { .. }
-        | Op::GatedDeltaNet { .. }
-        | Op::Lstm { .. } => Err(KernelError::Unsupported {
-            op: name,
-            what: "this op".into(),
-        }),
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => {
+            Err(KernelError::Unsupported {
+                op: name,
+                what: "this op".into(),
+            })
+        }
     }
 }
