@@ -19,7 +19,7 @@ mod rewrite;
 
 pub use error::OptError;
 pub use passes::{
-    ConstFold, Cse, Dce, FuseMatMulBiasAct, FuseQkv, FuseResidualNorm, FuseSwiGlu,
+    has_side_effect, ConstFold, Cse, Dce, FuseMatMulBiasAct, FuseQkv, FuseResidualNorm, FuseSwiGlu,
     FUSABLE_ACTIVATIONS,
 };
 pub use rewrite::{schedule, Rewriter, Uses};

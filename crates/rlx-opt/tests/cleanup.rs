@@ -29,6 +29,25 @@ fn dce_keeps_inputs_and_drops_dead_params_constants_and_compute() {
 }
 
 #[test]
+fn side_effecting_cache_writes_survive_dce_and_cse() {
+    let mut g = Graph::new("cache");
+    let cache = param(&mut g, "k_cache", &[1, 8, 4]);
+    let rows = input(&mut g, "rows", &[1, 2, 4]);
+    let pos = g.input("pos", Shape::new(&[1], rlx_ir::DType::I64));
+    let w1 = push(&mut g, Op::CacheWrite { axis: 1 }, &[cache, rows, pos]);
+    let _w2 = push(&mut g, Op::CacheWrite { axis: 1 }, &[cache, rows, pos]);
+    let _dead = act(&mut g, Activation::Neg, w1);
+    let y = act(&mut g, Activation::Relu, rows);
+    g.set_outputs(vec![y]);
+    assert!(rlx_opt::has_side_effect(&Op::CacheWrite { axis: 1 }));
+    let (h, r) = opt(&g);
+    assert_eq!(r.count("dce", "removed"), 1, "only the Neg goes: {r}\n{h}");
+    assert_eq!(r.total("cse"), 0);
+    assert_eq!(count(&h, |o| matches!(o, Op::CacheWrite { .. })), 2);
+    assert_eq!(count(&h, |o| matches!(o, Op::Param { .. })), 1);
+}
+
+#[test]
 fn cse_merges_identical_nodes_but_not_distinct_leaves() {
     let mut g = Graph::new("cse");
     let x = input(&mut g, "x", &[4, 4]);

@@ -1,11 +1,14 @@
 //! Dead-code and common-subexpression elimination.
 
+use super::has_side_effect;
 use crate::{schedule, OptError, Pass, PassReport, Rewriter};
 use rlx_ir::{Graph, NodeId, Op, Shape, TensorData};
 use std::collections::HashMap;
 
 /// Dead-code elimination: drops every node not reachable from the outputs,
-/// except Inputs, which are always kept because callers bind them by name.
+/// except Inputs, which are always kept because callers bind them by name,
+/// and side-effecting nodes ([`has_side_effect`], e.g. `CacheWrite`) with
+/// everything they read.
 /// Unused Params and Constants are dropped. Pattern: `removed`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Dce;
@@ -23,7 +26,7 @@ impl Pass for Dce {
         let mut live = vec![false; g.len()];
         let mut stack: Vec<NodeId> = g.outputs.clone();
         for n in g.nodes() {
-            if matches!(n.op, Op::Input { .. }) {
+            if matches!(n.op, Op::Input { .. }) || has_side_effect(&n.op) {
                 stack.push(n.id);
             }
         }
@@ -59,7 +62,8 @@ impl Pass for Dce {
 /// Common-subexpression elimination: a node whose op equals an earlier
 /// node's op and whose (already merged) inputs are the same ids is merged
 /// into the earlier node. Input and Param leaves never merge (their names are
-/// unique); Constants merge only when bit-identical. Pattern: `merged`.
+/// unique); Constants merge only when bit-identical; side-effecting nodes
+/// ([`has_side_effect`]) never merge. Pattern: `merged`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Cse;
 
@@ -98,7 +102,7 @@ impl Pass for Cse {
         let mut merged = 0usize;
         for id in schedule(g) {
             let n = g.node(id);
-            if matches!(n.op, Op::Input { .. } | Op::Param { .. }) {
+            if matches!(n.op, Op::Input { .. } | Op::Param { .. }) || has_side_effect(&n.op) {
                 rw.copy(id)?;
                 continue;
             }

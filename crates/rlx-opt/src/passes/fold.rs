@@ -77,7 +77,11 @@ impl Pass for ConstFold {
         let mut folded = 0usize;
         for id in schedule(g) {
             let n = g.node(id);
-            if n.op.is_leaf() || n.inputs.is_empty() || work(g, n) > self.max_elements {
+            if n.op.is_leaf()
+                || n.inputs.is_empty()
+                || super::has_side_effect(&n.op)
+                || work(g, n) > self.max_elements
+            {
                 rw.copy(id)?;
                 continue;
             }

@@ -91,6 +91,13 @@ impl FusionPlan {
     }
 }
 
+/// Whether `op` has an effect beyond its output value (e.g. `CacheWrite`
+/// updates a persistent cache in place): such nodes are never removed by
+/// DCE, never merged by CSE and never folded.
+pub fn has_side_effect(op: &Op) -> bool {
+    matches!(op, Op::CacheWrite { .. })
+}
+
 /// The two inputs of `id` if it is `Binary(op)`.
 pub(crate) fn binary(g: &Graph, id: NodeId, op: BinaryOp) -> Option<(NodeId, NodeId)> {
     let n = g.get(id)?;
