@@ -1,0 +1,306 @@
+//! [`LlamaModel`]: a loaded decoder with a KV cache, and the generation loop.
+
+use super::graph::{build_graph, cache_names, Phase};
+use super::{LlamaConfig, LlamaError, LlamaWeights};
+use rlx_cpu::{CpuModel, CpuOptions};
+use rlx_formats::GgufFile;
+use rlx_ir::Tensor;
+use rlx_runtime::{Executable, TensorRef};
+use std::path::Path;
+
+/// The index of the largest logit (the first one on ties; NaN never wins).
+/// `0` for an empty slice.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > best_v {
+            best = i;
+            best_v = v;
+        }
+    }
+    best as u32
+}
+
+/// A Llama-family decoder compiled for the CPU, with a KV cache of
+/// `ctx_len` positions.
+///
+/// [`prefill`](Self::prefill) runs a prompt from position 0 (resetting the
+/// cache) and returns the next-token logits; [`decode`](Self::decode) feeds
+/// one more token. The caches are params moved (not copied) between the
+/// prefill model (one per prompt length, the last one kept) and the decode
+/// model.
+pub struct LlamaModel {
+    config: LlamaConfig,
+    weights: LlamaWeights,
+    ctx_len: usize,
+    opts: CpuOptions,
+    decode: CpuModel,
+    /// The last compiled prefill model and its prompt length.
+    prefill: Option<(usize, CpuModel)>,
+    /// Tokens currently in the cache.
+    pos: usize,
+    /// Whether the caches currently live in the decode model (else in the
+    /// prefill model).
+    caches_in_decode: bool,
+}
+
+impl std::fmt::Debug for LlamaModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlamaModel")
+            .field("config", &self.config)
+            .field("ctx_len", &self.ctx_len)
+            .field("pos", &self.pos)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LlamaModel {
+    /// Load a GGUF file with a context of `ctx_len` positions, compiling
+    /// with default CPU options (thunks).
+    pub fn load(gguf_path: impl AsRef<Path>, ctx_len: usize) -> Result<LlamaModel, LlamaError> {
+        Self::load_with(gguf_path, ctx_len, CpuOptions::default())
+    }
+
+    /// Load a GGUF file with explicit CPU options (e.g. `hybrid: true`).
+    pub fn load_with(
+        gguf_path: impl AsRef<Path>,
+        ctx_len: usize,
+        opts: CpuOptions,
+    ) -> Result<LlamaModel, LlamaError> {
+        let f = GgufFile::open(gguf_path)?;
+        let config = LlamaConfig::from_gguf(&f)?;
+        let weights = LlamaWeights::load(&f, &config)?;
+        Self::from_weights(weights, ctx_len, opts)
+    }
+
+    /// Build from already loaded weights.
+    pub fn from_weights(
+        weights: LlamaWeights,
+        ctx_len: usize,
+        opts: CpuOptions,
+    ) -> Result<LlamaModel, LlamaError> {
+        if ctx_len == 0 {
+            return Err(LlamaError::ContextOverflow { needed: 1, ctx_len });
+        }
+        let config = weights.config.clone();
+        let g = build_graph(&weights, Phase::Decode, ctx_len)?;
+        let mut decode = CpuModel::compile(g, &opts)?;
+        bind_weights(&mut decode, &weights)?;
+        let kv = config.kv_dim();
+        for l in 0..config.n_layers {
+            let (k, v) = cache_names(l);
+            for name in [k, v] {
+                let t = Tensor::f32(&[1, ctx_len, kv], vec![0.0; ctx_len * kv]);
+                decode.set_param_tensor(&name, t)?;
+            }
+        }
+        Ok(LlamaModel {
+            config,
+            weights,
+            ctx_len,
+            opts,
+            decode,
+            prefill: None,
+            pos: 0,
+            caches_in_decode: true,
+        })
+    }
+
+    /// The model's hyper-parameters.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// Context length (KV cache positions).
+    pub fn ctx_len(&self) -> usize {
+        self.ctx_len
+    }
+
+    /// Tokens currently in the KV cache.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// The compiled decode model (for reports and memory stats).
+    pub fn decode_model(&self) -> &CpuModel {
+        &self.decode
+    }
+
+    fn check_ids(&self, ids: &[u32], first_position: usize) -> Result<(), LlamaError> {
+        for (i, &id) in ids.iter().enumerate() {
+            if id as usize >= self.config.vocab {
+                return Err(LlamaError::TokenOutOfRange {
+                    id,
+                    position: first_position + i,
+                    vocab: self.config.vocab,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Move every cache param from one model to the other.
+    fn move_caches(&mut self, to_decode: bool) -> Result<(), LlamaError> {
+        if self.caches_in_decode == to_decode {
+            return Ok(());
+        }
+        let Some((_, pre)) = self.prefill.as_mut() else {
+            return Ok(());
+        };
+        let (from, to) = if to_decode {
+            (pre, &mut self.decode)
+        } else {
+            (&mut self.decode, pre)
+        };
+        for l in 0..self.config.n_layers {
+            let (k, v) = cache_names(l);
+            for name in [k, v] {
+                let t = from
+                    .take_param(&name)
+                    .ok_or_else(|| LlamaError::MissingTensor {
+                        name: name.clone(),
+                        expected: format!(
+                            "KV cache f32 [1, {}, {}]",
+                            self.ctx_len,
+                            self.config.kv_dim()
+                        ),
+                    })?;
+                to.set_param_tensor(&name, t)?;
+            }
+        }
+        self.caches_in_decode = to_decode;
+        Ok(())
+    }
+
+    /// Run `ids` from position 0 (discarding any previous cache contents)
+    /// and return the logits for the next token (`vocab` floats).
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, LlamaError> {
+        let s = ids.len();
+        if s == 0 {
+            return Err(LlamaError::EmptyPrompt);
+        }
+        if s > self.ctx_len {
+            return Err(LlamaError::ContextOverflow {
+                needed: s,
+                ctx_len: self.ctx_len,
+            });
+        }
+        self.check_ids(ids, 0)?;
+        if self.prefill.as_ref().map(|(len, _)| *len) != Some(s) {
+            // Bring the caches home before dropping the old prefill model.
+            self.move_caches(true)?;
+            let g = build_graph(&self.weights, Phase::Prefill { seq_len: s }, self.ctx_len)?;
+            let mut m = CpuModel::compile(g, &self.opts)?;
+            bind_weights(&mut m, &self.weights)?;
+            self.prefill = Some((s, m));
+        }
+        self.move_caches(false)?;
+        let ids64: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
+        let pos: Vec<i64> = (0..s as i64).collect();
+        let Some((_, m)) = self.prefill.as_mut() else {
+            return Err(LlamaError::NoPrefill);
+        };
+        let out = m.run(&[
+            ("ids", TensorRef::I64(&ids64)),
+            ("pos", TensorRef::I64(&pos)),
+        ]);
+        // Hand the caches to the decode model even if the run failed.
+        let moved = self.move_caches(true);
+        let out = out?;
+        moved?;
+        self.pos = s;
+        self.logits(out)
+    }
+
+    /// Feed one token at the next position and return the logits for the
+    /// token after it.
+    pub fn decode(&mut self, id: u32) -> Result<Vec<f32>, LlamaError> {
+        if self.pos == 0 {
+            return Err(LlamaError::NoPrefill);
+        }
+        let p = self.pos;
+        if p >= self.ctx_len {
+            return Err(LlamaError::ContextOverflow {
+                needed: p + 1,
+                ctx_len: self.ctx_len,
+            });
+        }
+        self.check_ids(&[id], p)?;
+        self.move_caches(true)?;
+        let mut mask = vec![0.0f32; self.ctx_len];
+        mask[..=p].fill(1.0);
+        let out = self.decode.run(&[
+            ("ids", TensorRef::I64(&[i64::from(id)])),
+            ("pos", TensorRef::I64(&[p as i64])),
+            ("kv_mask", TensorRef::F32(&mask)),
+        ])?;
+        self.pos = p + 1;
+        self.logits(out)
+    }
+
+    fn logits(&self, out: Vec<Tensor>) -> Result<Vec<f32>, LlamaError> {
+        let vocab = self.config.vocab;
+        match out.first().and_then(|t| t.as_f32()) {
+            Some(v) if v.len() == vocab => Ok(v.to_vec()),
+            _ => Err(LlamaError::BadOutput {
+                found: out
+                    .first()
+                    .map_or("nothing".into(), |t| t.shape.to_string()),
+                vocab,
+            }),
+        }
+    }
+
+    /// Prefill `prompt_ids`, then pick and feed tokens until `max_new` are
+    /// generated or `eos` is picked (it is included). `sample` maps logits
+    /// to the next id (e.g. [`argmax`] for greedy decoding). Returns the
+    /// new ids only. Fails up front if the prompt plus the fed tokens
+    /// would not fit the context.
+    pub fn generate(
+        &mut self,
+        prompt_ids: &[u32],
+        max_new: usize,
+        eos: Option<u32>,
+        sample: &mut dyn FnMut(&[f32]) -> u32,
+    ) -> Result<Vec<u32>, LlamaError> {
+        let needed = prompt_ids.len() + max_new.saturating_sub(1);
+        if needed > self.ctx_len {
+            return Err(LlamaError::ContextOverflow {
+                needed,
+                ctx_len: self.ctx_len,
+            });
+        }
+        let mut out = Vec::with_capacity(max_new);
+        if max_new == 0 {
+            return Ok(out);
+        }
+        let mut logits = self.prefill(prompt_ids)?;
+        loop {
+            let id = sample(&logits);
+            out.push(id);
+            if Some(id) == eos || out.len() == max_new {
+                return Ok(out);
+            }
+            logits = self.decode(id)?;
+        }
+    }
+
+    /// Greedy [`generate`](Self::generate).
+    pub fn generate_greedy(
+        &mut self,
+        prompt_ids: &[u32],
+        max_new: usize,
+        eos: Option<u32>,
+    ) -> Result<Vec<u32>, LlamaError> {
+        self.generate(prompt_ids, max_new, eos, &mut |l| argmax(l))
+    }
+}
+
+/// Bind every weight (shared, not copied) into a compiled model.
+fn bind_weights(m: &mut CpuModel, w: &LlamaWeights) -> Result<(), LlamaError> {
+    for (name, t) in &w.tensors {
+        m.set_param_tensor(name, t.clone())?;
+    }
+    Ok(())
+}

@@ -1,0 +1,185 @@
+//! The prefill and decode graphs, in plain ops.
+//!
+//! Per block: `RmsNorm -> q/k/v -> Rope(q, k) -> CacheWrite(k, v) ->
+//! Attention -> o -> Add`, then `RmsNorm -> gate/up -> Silu(gate) * up ->
+//! down -> Add`; then the final `RmsNorm` and the head. Linear layers are
+//! `DequantMatMul` on packed weights (or `MatMul` on float weights).
+//!
+//! Inputs:
+//! - prefill (`S` tokens at positions `0..S`): `ids` i64 `[1, S]`, `pos`
+//!   i64 `[S]` (`0..S`). Attention is causal over the fresh k/v; the k/v
+//!   rows are also written into the caches at position 0. Only the last
+//!   position goes through the head (`Narrow` before the final norm).
+//! - decode (one token at position `p`): `ids` i64 `[1, 1]`, `pos` i64 `[1]`
+//!   (`[p]`), `kv_mask` f32 `[1, ctx]` (1 for positions `<= p`, else 0).
+//!   The new k/v rows are written at `p`, and attention reads the updated
+//!   caches with the `Custom` keep-mask.
+//!
+//! The caches are params `cache.k.{l}` / `cache.v.{l}`, f32 `[1, ctx, kv_dim]`
+//! (k after rope), updated in place by `CacheWrite`. The single output is the
+//! logits f32 `[1, 1, vocab]` of the last position.
+
+use super::weights::EMBED_TABLE;
+use super::{Linear, LlamaError, LlamaWeights};
+use rlx_ir::{Activation, BinaryOp, DType, Graph, MaskKind, NodeId, Op, RopeStyle, Shape, Tensor};
+use std::collections::HashMap;
+
+/// Which graph to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// `seq_len` prompt tokens at positions `0..seq_len`.
+    Prefill {
+        /// Prompt length S (1 ..= ctx).
+        seq_len: usize,
+    },
+    /// One token at a runtime position.
+    Decode,
+}
+
+/// Names of the k and v cache params of layer `l`.
+pub fn cache_names(l: usize) -> (String, String) {
+    (format!("cache.k.{l}"), format!("cache.v.{l}"))
+}
+
+/// Declares each param once.
+struct Builder<'a> {
+    g: Graph,
+    w: &'a LlamaWeights,
+    params: HashMap<String, NodeId>,
+}
+
+impl Builder<'_> {
+    fn param(&mut self, name: &str) -> Result<NodeId, LlamaError> {
+        if let Some(&id) = self.params.get(name) {
+            return Ok(id);
+        }
+        let t = self
+            .w
+            .tensors
+            .get(name)
+            .ok_or_else(|| LlamaError::MissingTensor {
+                name: name.into(),
+                expected: "a loaded weight".into(),
+            })?;
+        let id = self.g.param(name, t.shape.clone());
+        self.params.insert(name.into(), id);
+        Ok(id)
+    }
+
+    fn linear(&mut self, x: NodeId, name: &str) -> Result<NodeId, LlamaError> {
+        let lin = *self
+            .w
+            .linears
+            .get(name)
+            .ok_or_else(|| LlamaError::MissingTensor {
+                name: name.into(),
+                expected: "a loaded linear weight".into(),
+            })?;
+        let w = self.param(name)?;
+        Ok(match lin {
+            Linear::Quant { scheme, .. } => {
+                self.g.push(Op::DequantMatMul { scheme }, vec![x, w])?
+            }
+            Linear::Dense { .. } => self.g.push(Op::MatMul, vec![x, w])?,
+        })
+    }
+
+    fn rms_norm(&mut self, x: NodeId, name: &str) -> Result<NodeId, LlamaError> {
+        let gamma = self.param(name)?;
+        let eps = self.w.config.rms_eps;
+        Ok(self.g.push(Op::RmsNorm { axis: -1, eps }, vec![x, gamma])?)
+    }
+}
+
+/// Build the prefill or decode graph for `weights` with a KV cache of
+/// `ctx_len` positions. Errors if `seq_len` is 0 or exceeds `ctx_len`, or
+/// a weight is missing from `weights`.
+pub fn build_graph(
+    weights: &LlamaWeights,
+    phase: Phase,
+    ctx_len: usize,
+) -> Result<Graph, LlamaError> {
+    let c = &weights.config;
+    let (s, name) = match phase {
+        Phase::Prefill { seq_len } => (seq_len, format!("llama.prefill.{seq_len}")),
+        Phase::Decode => (1, "llama.decode".to_string()),
+    };
+    if s == 0 {
+        return Err(LlamaError::EmptyPrompt);
+    }
+    if s > ctx_len {
+        return Err(LlamaError::ContextOverflow { needed: s, ctx_len });
+    }
+    let mut b = Builder {
+        g: Graph::new(name),
+        w: weights,
+        params: HashMap::new(),
+    };
+    let ids = b.g.input("ids", Shape::new(&[1, s], DType::I64));
+    let pos = b.g.input("pos", Shape::new(&[s], DType::I64));
+    let (write_pos, kv_mask) = match phase {
+        Phase::Prefill { .. } => (b.g.constant(Tensor::i64(&[1], vec![0])), None),
+        Phase::Decode => (pos, Some(b.g.input("kv_mask", Shape::f32(&[1, ctx_len])))),
+    };
+    let table = b.param(EMBED_TABLE)?;
+    let mut x = b.g.push(Op::Gather { axis: 0 }, vec![table, ids])?;
+    let rope = Op::Rope {
+        head_dim: c.head_dim,
+        n_rot: c.n_rot,
+        theta: c.rope_theta,
+        style: RopeStyle::GptJ,
+    };
+    let kv_shape = Shape::f32(&[1, ctx_len, c.kv_dim()]);
+    for l in 0..c.n_layers {
+        let p = |s: &str| format!("blk.{l}.{s}.weight");
+        let h = b.rms_norm(x, &p("attn_norm"))?;
+        let q = b.linear(h, &p("attn_q"))?;
+        let k = b.linear(h, &p("attn_k"))?;
+        let v = b.linear(h, &p("attn_v"))?;
+        let q = b.g.push(rope.clone(), vec![q, pos])?;
+        let k = b.g.push(rope.clone(), vec![k, pos])?;
+        let (ck_name, cv_name) = cache_names(l);
+        let ck = b.g.param(&ck_name, kv_shape.clone());
+        let cv = b.g.param(&cv_name, kv_shape.clone());
+        let ck =
+            b.g.push(Op::CacheWrite { axis: 1 }, vec![ck, k, write_pos])?;
+        let cv =
+            b.g.push(Op::CacheWrite { axis: 1 }, vec![cv, v, write_pos])?;
+        let attn = |mask_kind| Op::Attention {
+            num_heads: c.n_heads,
+            head_dim: c.head_dim,
+            mask_kind,
+            score_scale: None,
+            attn_logit_softcap: None,
+        };
+        let a = match kv_mask {
+            None => b.g.push(attn(MaskKind::Causal), vec![q, k, v])?,
+            Some(m) => b.g.push(attn(MaskKind::Custom), vec![q, ck, cv, m])?,
+        };
+        let o = b.linear(a, &p("attn_output"))?;
+        x = b.g.push(Op::Binary(BinaryOp::Add), vec![x, o])?;
+        let h = b.rms_norm(x, &p("ffn_norm"))?;
+        let gate = b.linear(h, &p("ffn_gate"))?;
+        let up = b.linear(h, &p("ffn_up"))?;
+        let gate = b.g.push(Op::Activation(Activation::Silu), vec![gate])?;
+        let act = b.g.push(Op::Binary(BinaryOp::Mul), vec![gate, up])?;
+        let down = b.linear(act, &p("ffn_down"))?;
+        x = b.g.push(Op::Binary(BinaryOp::Add), vec![x, down])?;
+    }
+    if s > 1 {
+        x = b.g.push(
+            Op::Narrow {
+                axis: 1,
+                start: s - 1,
+                len: 1,
+            },
+            vec![x],
+        )?;
+    }
+    let x = b.rms_norm(x, "output_norm.weight")?;
+    let head = weights.head.clone();
+    let logits = b.linear(x, &head)?;
+    b.g.set_outputs(vec![logits]);
+    b.g.verify()?;
+    Ok(b.g)
+}

@@ -1,0 +1,28 @@
+//! Llama-family decoders from GGUF files: config from the GGUF metadata,
+//! weights kept packed (quantized matmuls run as `DequantMatMul`), prefill
+//! and decode graphs sharing a KV cache, and a generation loop.
+//!
+//! - [`LlamaConfig`]: hyper-parameters read from `llama.*` metadata.
+//! - [`LlamaWeights`]: every tensor the graphs bind, loaded from the file.
+//! - [`build_graph`]: the prefill graph (`S` tokens at positions `0..S`) or
+//!   the decode graph (one token at position `p`, attending over the cache).
+//! - [`LlamaModel`]: load, prefill, decode, generate.
+//!
+//! Rope: GGUF converters permute the Q/K weights of `llama` models so that
+//! rotary pairs are adjacent; llama.cpp therefore uses its `NORM` rope
+//! (our [`RopeStyle::GptJ`]) for this architecture, and so do we.
+
+mod config;
+mod error;
+mod generate;
+mod graph;
+mod weights;
+
+pub use config::LlamaConfig;
+pub use error::LlamaError;
+pub use generate::{argmax, LlamaModel};
+pub use graph::{build_graph, cache_names, Phase};
+pub use weights::{Linear, LlamaWeights};
+
+#[allow(unused_imports)]
+use rlx_ir::RopeStyle;

@@ -1,0 +1,175 @@
+//! Loading the tensors a Llama graph binds.
+//!
+//! Block-quantized matmul weights stay packed as `U8 [N, row_bytes]` params
+//! for `DequantMatMul`; float (F32/F16/BF16) matmul weights become f32
+//! `[K, N]` params for `MatMul`; norms become f32 `[D]`. The token embedding
+//! is dequantized once into an f32 table for `Gather`, and when the file has
+//! no `output.weight` the head reuses `token_embd.weight` (tied).
+
+use super::{LlamaConfig, LlamaError};
+use rlx_formats::{GgmlType, GgufFile};
+use rlx_ir::{QuantScheme, Tensor};
+use std::collections::HashMap;
+
+/// Name of the f32 embedding table param (`token_embd.weight` dequantized).
+pub const EMBED_TABLE: &str = "token_embd.table";
+
+/// How one linear layer `y = x W^T` (`W [N, K]` in the file) is bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Linear {
+    /// Packed blocks, param `U8 [n, row_bytes]`, run by `DequantMatMul`.
+    Quant {
+        /// Block format.
+        scheme: QuantScheme,
+        /// Output features.
+        n: usize,
+        /// Input features.
+        k: usize,
+    },
+    /// Float weights, param f32 `[k, n]` (transposed at load), run by `MatMul`.
+    Dense {
+        /// Output features.
+        n: usize,
+        /// Input features.
+        k: usize,
+    },
+}
+
+/// Every param of a Llama graph, by name, with how each linear is bound.
+#[derive(Debug, Clone)]
+pub struct LlamaWeights {
+    /// The model config the weights were checked against.
+    pub config: LlamaConfig,
+    /// Param tensors by name (GGUF names, plus [`EMBED_TABLE`]).
+    pub tensors: HashMap<String, Tensor>,
+    /// Linear layers by param name; the head is under `"output.weight"`
+    /// or, when tied, `"token_embd.weight"`.
+    pub linears: HashMap<String, Linear>,
+    /// Param name of the output head.
+    pub head: String,
+}
+
+impl LlamaWeights {
+    /// Load and check every tensor of `f` for `config`.
+    pub fn load(f: &GgufFile, config: &LlamaConfig) -> Result<LlamaWeights, LlamaError> {
+        let c = config;
+        let mut w = LlamaWeights {
+            config: c.clone(),
+            tensors: HashMap::new(),
+            linears: HashMap::new(),
+            head: String::new(),
+        };
+        // Embedding table (dequantized once).
+        check_shape(f, "token_embd.weight", &[c.vocab, c.d_model])?;
+        let table = f
+            .tensor_f32("token_embd.weight")
+            .map_err(|e| dequant_error(f, "token_embd.weight", e))?;
+        w.tensors.insert(
+            EMBED_TABLE.into(),
+            Tensor::f32(&[c.vocab, c.d_model], table),
+        );
+        for l in 0..c.n_layers {
+            let p = |s: &str| format!("blk.{l}.{s}.weight");
+            w.norm(f, &p("attn_norm"), c.d_model)?;
+            w.norm(f, &p("ffn_norm"), c.d_model)?;
+            w.linear(f, &p("attn_q"), c.d_model, c.d_model)?;
+            w.linear(f, &p("attn_k"), c.kv_dim(), c.d_model)?;
+            w.linear(f, &p("attn_v"), c.kv_dim(), c.d_model)?;
+            w.linear(f, &p("attn_output"), c.d_model, c.d_model)?;
+            w.linear(f, &p("ffn_gate"), c.d_ff, c.d_model)?;
+            w.linear(f, &p("ffn_up"), c.d_ff, c.d_model)?;
+            w.linear(f, &p("ffn_down"), c.d_model, c.d_ff)?;
+        }
+        w.norm(f, "output_norm.weight", c.d_model)?;
+        let head = if f.tensor_info("output.weight").is_some() {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        };
+        w.linear(f, head, c.vocab, c.d_model)?;
+        w.head = head.into();
+        Ok(w)
+    }
+
+    fn norm(&mut self, f: &GgufFile, name: &str, d: usize) -> Result<(), LlamaError> {
+        check_shape(f, name, &[d])?;
+        let info = f.tensor_info(name).ok_or_else(|| missing(name, &[d]))?;
+        if !matches!(
+            info.ggml_type,
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16
+        ) {
+            return Err(LlamaError::UnsupportedQuant {
+                name: name.into(),
+                ty: info.ggml_type,
+            });
+        }
+        let v = f.tensor_f32(name).map_err(|e| dequant_error(f, name, e))?;
+        self.tensors.insert(name.into(), Tensor::f32(&[d], v));
+        Ok(())
+    }
+
+    fn linear(&mut self, f: &GgufFile, name: &str, n: usize, k: usize) -> Result<(), LlamaError> {
+        check_shape(f, name, &[n, k])?;
+        let info = f.tensor_info(name).ok_or_else(|| missing(name, &[n, k]))?;
+        let ty = info.ggml_type;
+        if let Some(scheme) = ty.quant_scheme() {
+            let rb = scheme.row_bytes(k).ok_or_else(|| LlamaError::BadTensor {
+                name: name.into(),
+                expected: format!("rows of whole {} blocks", scheme.name()),
+                found: info.shape(),
+                ty,
+            })?;
+            let bytes = f.tensor_bytes(name)?.to_vec();
+            self.tensors
+                .insert(name.into(), Tensor::u8(&[n, rb], bytes));
+            self.linears
+                .insert(name.into(), Linear::Quant { scheme, n, k });
+        } else if matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            let v = f.tensor_f32(name).map_err(|e| dequant_error(f, name, e))?;
+            let mut t = vec![0.0f32; n * k];
+            for (r, row) in v.chunks_exact(k).enumerate() {
+                for (c, &x) in row.iter().enumerate() {
+                    t[c * n + r] = x;
+                }
+            }
+            self.tensors.insert(name.into(), Tensor::f32(&[k, n], t));
+            self.linears.insert(name.into(), Linear::Dense { n, k });
+        } else {
+            return Err(LlamaError::UnsupportedQuant {
+                name: name.into(),
+                ty,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn missing(name: &str, shape: &[usize]) -> LlamaError {
+    LlamaError::MissingTensor {
+        name: name.into(),
+        expected: format!("{shape:?} (row-major; F32 norms, quantized or float matmul weights)"),
+    }
+}
+
+fn check_shape(f: &GgufFile, name: &str, shape: &[usize]) -> Result<(), LlamaError> {
+    let info = f.tensor_info(name).ok_or_else(|| missing(name, shape))?;
+    if info.shape() != shape {
+        return Err(LlamaError::BadTensor {
+            name: name.into(),
+            expected: format!("{shape:?}"),
+            found: info.shape(),
+            ty: info.ggml_type,
+        });
+    }
+    Ok(())
+}
+
+fn dequant_error(f: &GgufFile, name: &str, e: rlx_formats::FormatError) -> LlamaError {
+    match f.tensor_info(name) {
+        Some(info) if !info.ggml_type.can_dequantize() => LlamaError::UnsupportedQuant {
+            name: name.into(),
+            ty: info.ggml_type,
+        },
+        _ => LlamaError::Format(e),
+    }
+}

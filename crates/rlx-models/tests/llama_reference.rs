@@ -1,0 +1,123 @@
+//! SmolLM2-135M-Instruct (Q4_1 GGUF) against the PyTorch fp32 reference
+//! (`tests/data/smollm2_logits.json`: transformers 5.24.0 loading the same
+//! GGUF, every tensor dequantized to fp32): next-token logits, 24 greedy
+//! tokens, and decode-vs-prefill consistency, in thunks and hybrid mode.
+//! Skipped (with a message) when the model file has not been fetched.
+
+use rlx_cpu::CpuOptions;
+use rlx_models::llama::{argmax, LlamaError, LlamaModel};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+#[derive(Deserialize)]
+struct Reference {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    prompt: String,
+    prompt_ids: Vec<u32>,
+    top10_next: Vec<(u32, f32)>,
+    greedy_ids: Vec<u32>,
+}
+
+fn model_path() -> Option<PathBuf> {
+    let dir = std::env::var_os("RLX_MODELS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models")))?;
+    let p = dir.join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        Some(p)
+    } else {
+        println!("skipped: model not fetched ({} missing; run scripts/fetch_models.py smollm2)", p.display());
+        None
+    }
+}
+
+fn reference() -> Reference {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/smollm2_logits.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn check_top10(logits: &[f32], case: &Case, what: &str) {
+    let mut worst = 0.0f32;
+    for &(id, want) in &case.top10_next {
+        let got = logits[id as usize];
+        worst = worst.max((got - want).abs());
+        assert!(
+            (got - want).abs() <= 0.02,
+            "{what} '{}': logit of {id} is {got}, reference {want}",
+            case.prompt
+        );
+    }
+    assert_eq!(argmax(logits), case.top10_next[0].0, "{what} '{}': top-1", case.prompt);
+    println!("{what} '{}': top-10 max |diff| {worst:.5}", case.prompt);
+}
+
+fn run_mode(path: &PathBuf, hybrid: bool) {
+    let what = if hybrid { "hybrid" } else { "thunks" };
+    let opts = CpuOptions { hybrid, ..CpuOptions::default() };
+    let mut m = LlamaModel::load_with(path, 64, opts).unwrap();
+    let r = reference();
+    for case in &r.cases {
+        let logits = m.prefill(&case.prompt_ids).unwrap();
+        check_top10(&logits, case, what);
+        let ids = m.generate_greedy(&case.prompt_ids, case.greedy_ids.len(), None).unwrap();
+        assert_eq!(ids, case.greedy_ids, "{what} '{}': greedy ids", case.prompt);
+    }
+}
+
+#[test]
+fn smollm2_matches_reference_thunks() {
+    let Some(path) = model_path() else { return };
+    run_mode(&path, false);
+}
+
+#[test]
+fn smollm2_matches_reference_hybrid() {
+    let Some(path) = model_path() else { return };
+    run_mode(&path, true);
+}
+
+#[test]
+fn decode_steps_match_prefill() {
+    let Some(path) = model_path() else { return };
+    let mut m = LlamaModel::load(&path, 32).unwrap();
+    let ids = &reference().cases[0].prompt_ids;
+    // Prefill a 3-token prefix, then decode the rest one by one; each step's
+    // logits must equal a full prefill of the same prefix.
+    let mut stepped = vec![m.prefill(&ids[..3]).unwrap()];
+    for &id in &ids[3..] {
+        stepped.push(m.decode(id).unwrap());
+    }
+    for (i, got) in stepped.iter().enumerate() {
+        let n = 3 + i;
+        let want = m.prefill(&ids[..n]).unwrap();
+        let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(diff <= 2e-3, "prefix {n}: decode vs prefill max |diff| {diff}");
+    }
+}
+
+#[test]
+fn bad_requests_are_typed_errors() {
+    let Some(path) = model_path() else { return };
+    let mut m = LlamaModel::load(&path, 8).unwrap();
+    let vocab = m.config().vocab;
+    let err = m.prefill(&[1, vocab as u32 + 5]).unwrap_err();
+    assert!(matches!(err, LlamaError::TokenOutOfRange { id, position: 1, vocab: v } if id == vocab as u32 + 5 && v == vocab), "{err}");
+    assert!(err.to_string().contains(&vocab.to_string()), "{err}");
+    assert!(matches!(m.decode(3), Err(LlamaError::NoPrefill)));
+    assert!(matches!(m.prefill(&[]), Err(LlamaError::EmptyPrompt)));
+    assert!(matches!(m.prefill(&[1; 9]), Err(LlamaError::ContextOverflow { needed: 9, ctx_len: 8 })));
+    assert!(matches!(
+        m.generate_greedy(&[1; 4], 6, None),
+        Err(LlamaError::ContextOverflow { needed: 9, ctx_len: 8 })
+    ));
+    // Fill the context exactly, then one more decode overflows.
+    m.prefill(&[1; 7]).unwrap();
+    m.decode(2).unwrap();
+    assert!(matches!(m.decode(2), Err(LlamaError::ContextOverflow { needed: 9, ctx_len: 8 })));
+    // A failed request leaves the model usable.
+    assert_eq!(m.prefill(&[1, 2, 3]).unwrap().len(), vocab);
+}
