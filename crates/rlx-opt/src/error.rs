@@ -15,7 +15,18 @@ pub enum OptError {
         graph: String,
         /// The verification error.
         #[source]
-        source: IrError,
+        source: Box<IrError>,
+    },
+    /// The graph handed to a pass does not verify.
+    #[error("pass '{pass}': input graph '{graph}' does not verify: {source}")]
+    PassInput {
+        /// Pass name.
+        pass: &'static str,
+        /// Graph name.
+        graph: String,
+        /// The verification error.
+        #[source]
+        source: Box<IrError>,
     },
     /// A node built by a pass fails shape inference.
     #[error("pass '{pass}': new node for {origin} ({op}) with inputs [{}] fails shape inference: {expected}", fmt_shapes(.inputs))]
@@ -74,7 +85,7 @@ pub enum OptError {
         pass: &'static str,
         /// The verification error.
         #[source]
-        source: IrError,
+        source: Box<IrError>,
     },
 }
 

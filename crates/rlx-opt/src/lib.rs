@@ -137,7 +137,7 @@ impl PassManager {
     ) -> Result<(Graph, OptReport), OptError> {
         g.verify().map_err(|source| OptError::InvalidInput {
             graph: g.name.clone(),
-            source,
+            source: Box::new(source),
         })?;
         let mut report = OptReport {
             nodes_before: g.len(),

@@ -186,7 +186,7 @@ impl<'a> Rewriter<'a> {
         self.new.set_outputs(outs);
         self.new.verify().map_err(|source| OptError::Verify {
             pass: self.pass,
-            source,
+            source: Box::new(source),
         })?;
         Ok(self.new)
     }

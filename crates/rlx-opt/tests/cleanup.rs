@@ -232,3 +232,34 @@ fn fixpoint_terminates_and_reports_every_pass() {
     assert_eq!(h, g);
     assert!(r.passes.is_empty());
 }
+
+#[test]
+fn passes_reject_unverified_graphs_without_panicking() {
+    // A MatMul recorded with one input: every pass must refuse it.
+    let mut g = Graph::new("broken");
+    let x = input(&mut g, "x", &[2, 3]);
+    let y = g.add_node(Op::MatMul, vec![x], Shape::f32(&[2, 3]));
+    let z = g.add_node(
+        Op::Binary(rlx_ir::BinaryOp::Add),
+        vec![y, NodeId(77)],
+        Shape::f32(&[2, 3]),
+    );
+    g.set_outputs(vec![z]);
+    let passes: Vec<Box<dyn Pass>> = vec![
+        Box::new(Dce),
+        Box::new(Cse),
+        Box::new(rlx_opt::ConstFold::default()),
+        Box::new(rlx_opt::FuseQkv),
+        Box::new(rlx_opt::FuseMatMulBiasAct),
+        Box::new(rlx_opt::FuseResidualNorm),
+        Box::new(rlx_opt::FuseSwiGlu),
+    ];
+    for p in passes {
+        let err = p.run(&g, &|_| true).unwrap_err();
+        assert!(
+            matches!(err, OptError::PassInput { .. }),
+            "{}: {err}",
+            p.name()
+        );
+    }
+}

@@ -35,6 +35,7 @@ impl Pass for FuseMatMulBiasAct {
         g: &Graph,
         target: &dyn Fn(&Op) -> bool,
     ) -> Result<(Graph, PassReport), OptError> {
+        super::check_input(self.name(), g)?;
         let uses = Uses::of(g);
         let users = g.users_all();
         let mut plan = FusionPlan::default();

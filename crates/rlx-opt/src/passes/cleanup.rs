@@ -23,6 +23,7 @@ impl Pass for Dce {
         g: &Graph,
         _target: &dyn Fn(&Op) -> bool,
     ) -> Result<(Graph, PassReport), OptError> {
+        super::check_input(self.name(), g)?;
         let mut live = vec![false; g.len()];
         let mut stack: Vec<NodeId> = g.outputs.clone();
         for n in g.nodes() {
@@ -96,6 +97,7 @@ impl Pass for Cse {
         g: &Graph,
         _target: &dyn Fn(&Op) -> bool,
     ) -> Result<(Graph, PassReport), OptError> {
+        super::check_input(self.name(), g)?;
         let mut rw = Rewriter::new(self.name(), g);
         // (op name, new inputs, shape) -> new ids with that key.
         let mut seen: HashMap<(&'static str, Vec<NodeId>, Shape), Vec<NodeId>> = HashMap::new();

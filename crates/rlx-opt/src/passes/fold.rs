@@ -73,6 +73,7 @@ impl Pass for ConstFold {
         g: &Graph,
         _target: &dyn Fn(&Op) -> bool,
     ) -> Result<(Graph, PassReport), OptError> {
+        super::check_input(self.name(), g)?;
         let mut rw = Rewriter::new(self.name(), g);
         let mut folded = 0usize;
         for id in schedule(g) {

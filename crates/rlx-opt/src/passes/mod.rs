@@ -91,6 +91,16 @@ impl FusionPlan {
     }
 }
 
+/// Every pass verifies its input first, so that a bad graph handed to a
+/// pass directly is an error, not a panic.
+pub(crate) fn check_input(pass: &'static str, g: &Graph) -> Result<(), OptError> {
+    g.verify().map_err(|source| OptError::PassInput {
+        pass,
+        graph: g.name.clone(),
+        source: Box::new(source),
+    })
+}
+
 /// Whether `op` has an effect beyond its output value (e.g. `CacheWrite`
 /// updates a persistent cache in place): such nodes are never removed by
 /// DCE, never merged by CSE and never folded.

@@ -107,6 +107,7 @@ impl Pass for FuseQkv {
         g: &Graph,
         _target: &dyn Fn(&Op) -> bool,
     ) -> Result<(Graph, PassReport), OptError> {
+        super::check_input(self.name(), g)?;
         let groups = Self::groups(g);
         let mut report = PassReport::new();
         if groups.is_empty() {

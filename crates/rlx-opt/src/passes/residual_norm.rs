@@ -35,6 +35,7 @@ impl Pass for FuseResidualNorm {
         g: &Graph,
         target: &dyn Fn(&Op) -> bool,
     ) -> Result<(Graph, PassReport), OptError> {
+        super::check_input(self.name(), g)?;
         let uses = Uses::of(g);
         let mut plan = FusionPlan::default();
         for norm in g.nodes() {

@@ -76,6 +76,7 @@ impl Pass for FuseSwiGlu {
         g: &Graph,
         target: &dyn Fn(&Op) -> bool,
     ) -> Result<(Graph, PassReport), OptError> {
+        super::check_input(self.name(), g)?;
         let uses = Uses::of(g);
         let mut plan = FusionPlan::default();
         for n in g.nodes() {
