@@ -13,6 +13,8 @@
 //! constant folding, QKV merge, matmul+bias+activation fusion,
 //! residual+norm fusion, SwiGLU fusion, DCE.
 
+#![deny(missing_docs)]
+
 mod error;
 pub mod passes;
 mod rewrite;
