@@ -602,6 +602,29 @@ fn softmax_any_axis() {
 }
 
 #[test]
+fn softmax_row_building_blocks_agree() {
+    use rlx_cpu::kernels::softmax::{softmax_rows, softmax_rows_inplace};
+    let mut rng = Rng::new(15);
+    for d in [1usize, 7, 33, 128] {
+        let x: Vec<f32> = rng.vec(5 * d).iter().map(|v| v * 8.0).collect();
+        let mut a = vec![f32::NAN; x.len()];
+        softmax_rows(&x, &mut a, d).unwrap();
+        let mut b = x.clone();
+        softmax_rows_inplace(&mut b, d);
+        let want: Vec<f64> = x
+            .chunks(d)
+            .flat_map(|r| {
+                let m = r.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+                let s: f64 = r.iter().map(|&v| (v as f64 - m).exp()).sum();
+                r.iter().map(move |&v| (v as f64 - m).exp() / s)
+            })
+            .collect();
+        assert_close(&a, &want, 1e-5);
+        assert_close(&b, &want, 1e-5);
+    }
+}
+
+#[test]
 fn reduce_axes() {
     let mut rng = Rng::new(10);
     let dims = [3usize, 4, 5];

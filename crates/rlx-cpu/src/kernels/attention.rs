@@ -5,9 +5,10 @@
 //! then the mask, then softmax over keys; query head `h` reads kv head
 //! `h / (Hq / Hkv)`; a query row whose keys are all masked outputs zeros.
 
+use super::matmul::gemm_strided;
 use super::simd::{self, simd_dispatch};
 use super::softmax::scale as scale_slice;
-use super::{bad_shape, need_len, par_rows, KernelError};
+use super::{bad_shape, need_len, num_threads, KernelError, PAR_MIN_ELEMS};
 use rlx_ir::MaskKind;
 
 const OP: &str = "Attention";
@@ -158,99 +159,160 @@ fn key_range(kind: MaskKind, i: usize, sq: usize, sk: usize) -> (usize, usize) {
 }
 
 simd_dispatch! {
-    /// Rows `row0..` of the flattened `(b, s_q)` index into `out` (which
-    /// starts at row `row0`); all heads.
-    fn attend_rows(
+    /// Turn one block's raw `q . k` rows (`scores`, `rows x nk`, keys
+    /// `klo..klo+nk`) into normalized probabilities: scale, softcap, mask,
+    /// softmax. Keys outside a row's visible range, and rows with no
+    /// visible key, get probability 0.
+    fn probs_rows(
         p: &AttentionParams,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
         mask: &AttnMask<'_>,
-        out: &mut [f32],
-        row0: usize,
+        scores: &mut [f32],
+        nk: usize,
+        b: usize,
+        h: usize,
+        i0: usize,
+        klo: usize,
     ) {
-        let (d, sq, sk) = (p.head_dim, p.seq_q, p.seq_k);
-        let group = p.num_heads / p.num_kv_heads;
-        let ors = p.out_row_stride;
-        let nrows = out.len().div_ceil(ors);
-        let mut scores = vec![0.0f32; sk];
+        let (sq, sk) = (p.seq_q, p.seq_k);
         let bias = match *mask {
             AttnMask::Bias { data, dims } => Some((data, bias_strides(dims))),
             _ => None,
         };
-        for h in 0..p.num_heads {
-            let hk = h / group;
-            for r in 0..nrows {
-                let row = row0 + r;
-                let (b, i) = (row / sq, row % sq);
-                let orow = &mut out[r * ors + h * d..r * ors + (h + 1) * d];
-                let (lo, hi) = key_range(p.mask_kind, i, sq, sk);
-                if lo >= hi {
-                    orow.fill(0.0);
-                    continue;
-                }
-                let qo = row * p.q_row_stride + h * d;
-                let qrow = &q[qo..qo + d];
-                let sc = &mut scores[lo..hi];
-                for (jj, s) in sc.iter_mut().enumerate() {
-                    let ko = (b * sk + lo + jj) * p.k_row_stride + hk * d;
-                    *s = simd::dot(qrow, &k[ko..ko + d]) * p.scale;
-                }
-                if let Some(c) = p.softcap {
-                    let inv = 1.0 / c;
-                    for s in sc.iter_mut() {
-                        *s = c * simd::tanh(*s * inv);
-                    }
-                }
-                match *mask {
-                    AttnMask::KeepF32(m) => {
-                        for (s, &keep) in sc.iter_mut().zip(&m[b * sk + lo..b * sk + hi]) {
-                            if keep == 0.0 {
-                                *s = f32::NEG_INFINITY;
-                            }
-                        }
-                    }
-                    AttnMask::KeepU8(m) => {
-                        for (s, &keep) in sc.iter_mut().zip(&m[b * sk + lo..b * sk + hi]) {
-                            if keep == 0 {
-                                *s = f32::NEG_INFINITY;
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-                if let Some((data, st)) = bias {
-                    let base = b * st[0] + h * st[1] + i * st[2];
-                    if st[3] == 0 {
-                        let add = data[base];
-                        for s in sc.iter_mut() {
-                            *s += add;
-                        }
-                    } else {
-                        for (s, &add) in sc.iter_mut().zip(&data[base + lo..base + hi]) {
-                            *s += add;
-                        }
-                    }
-                }
-                let m = simd::max_slice(sc);
-                if m == f32::NEG_INFINITY {
-                    orow.fill(0.0);
-                    continue;
-                }
-                let mut total = 0.0f32;
-                for s in sc.iter_mut() {
-                    *s = simd::exp(*s - m);
-                    total += *s;
-                }
-                orow.fill(0.0);
-                for (jj, &w) in sc.iter().enumerate() {
-                    let vo = (b * sk + lo + jj) * p.v_row_stride + hk * d;
-                    simd::axpy(w, &v[vo..vo + d], orow);
-                }
-                scale_slice(orow, 1.0 / total);
+        for (r, row) in scores.chunks_exact_mut(nk).enumerate() {
+            let i = i0 + r;
+            let (lo, hi) = key_range(p.mask_kind, i, sq, sk);
+            if lo >= hi {
+                row.fill(0.0);
+                continue;
             }
+            let (l, u) = (lo - klo, hi - klo);
+            row[..l].fill(0.0);
+            row[u..].fill(0.0);
+            let sc = &mut row[l..u];
+            for s in sc.iter_mut() {
+                *s *= p.scale;
+            }
+            if let Some(c) = p.softcap {
+                let inv = 1.0 / c;
+                for s in sc.iter_mut() {
+                    *s = c * simd::tanh_m::<M>(*s * inv);
+                }
+            }
+            match *mask {
+                AttnMask::KeepF32(m) => {
+                    for (s, &keep) in sc.iter_mut().zip(&m[b * sk + lo..b * sk + hi]) {
+                        if keep == 0.0 {
+                            *s = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                AttnMask::KeepU8(m) => {
+                    for (s, &keep) in sc.iter_mut().zip(&m[b * sk + lo..b * sk + hi]) {
+                        if keep == 0 {
+                            *s = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                _ => {}
+            }
+            if let Some((data, st)) = bias {
+                let base = b * st[0] + h * st[1] + i * st[2];
+                if st[3] == 0 {
+                    let add = data[base];
+                    for s in sc.iter_mut() {
+                        *s += add;
+                    }
+                } else {
+                    for (s, &add) in sc.iter_mut().zip(&data[base + lo..base + hi]) {
+                        *s += add;
+                    }
+                }
+            }
+            let m = simd::max_slice(sc);
+            if m == f32::NEG_INFINITY {
+                sc.fill(0.0);
+                continue;
+            }
+            let total = super::softmax::exp_sub_sum_inplace::<M>(sc, m);
+            scale_slice(sc, 1.0 / total);
         }
     }
+}
+
+/// Query rows `i0..i0+rows` of batch `b`, all heads, into `out` (which
+/// starts at that block's first row). Scores come from one gemm per head
+/// over the block's visible key range, probabilities times V from another,
+/// written straight into the output rows.
+#[allow(clippy::too_many_arguments)]
+fn attend_block(
+    p: &AttentionParams,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: &AttnMask<'_>,
+    out: &mut [f32],
+    b: usize,
+    i0: usize,
+    rows: usize,
+    scores: &mut Vec<f32>,
+) -> Result<(), KernelError> {
+    let (d, sq, sk) = (p.head_dim, p.seq_q, p.seq_k);
+    let ors = p.out_row_stride;
+    let group = p.num_heads / p.num_kv_heads;
+    // Keys visible to any row of the block (ranges grow with i).
+    let klo = key_range(p.mask_kind, i0, sq, sk).0;
+    let khi = key_range(p.mask_kind, i0 + rows - 1, sq, sk).1;
+    if klo >= khi {
+        for r in 0..rows {
+            for h in 0..p.num_heads {
+                out[r * ors + h * d..r * ors + (h + 1) * d].fill(0.0);
+            }
+        }
+        return Ok(());
+    }
+    let nk = khi - klo;
+    scores.clear();
+    scores.resize(rows * nk, 0.0);
+    for h in 0..p.num_heads {
+        let hk = h / group;
+        let qo = (b * sq + i0) * p.q_row_stride + h * d;
+        let ko = (b * sk + klo) * p.k_row_stride + hk * d;
+        let vo = (b * sk + klo) * p.v_row_stride + hk * d;
+        // scores[r, j] = q[i0 + r] . k[klo + j]
+        gemm_strided(
+            rows,
+            nk,
+            d,
+            &q[qo..],
+            p.q_row_stride,
+            1,
+            &k[ko..],
+            1,
+            p.k_row_stride,
+            scores,
+            nk,
+            false,
+            false,
+        )?;
+        probs_rows(p, mask, scores, nk, b, h, i0, klo);
+        // out[r, h] = sum_j P[r, j] v[klo + j]
+        gemm_strided(
+            rows,
+            d,
+            nk,
+            scores,
+            nk,
+            1,
+            &v[vo..],
+            p.v_row_stride,
+            1,
+            &mut out[h * d..],
+            ors,
+            false,
+            false,
+        )?;
+    }
+    Ok(())
 }
 
 /// Attention over all `(b, s_q)` rows and heads. `q[(b*S_q + s) *
@@ -273,15 +335,52 @@ pub fn attention(
     if rows == 0 {
         return Ok(());
     }
-    let need = span(rows, p.out_row_stride, p.num_heads * p.head_dim);
+    let ors = p.out_row_stride;
+    let need = span(rows, ors, p.num_heads * p.head_dim);
     let out = &mut out[..need];
-    let cost = p.num_heads * p.seq_k.max(1) * p.head_dim * 2;
-    if parallel {
-        par_rows(out, p.out_row_stride, cost, |r0, chunk| {
-            attend_rows(p, q, k, v, &mask, chunk, r0);
-        });
+    let sq = p.seq_q;
+    // Row blocks never cross a batch; enough blocks to feed every thread.
+    let threads = if parallel { num_threads() } else { 1 };
+    let per_batch_blocks = if p.batch >= 2 * threads {
+        1
     } else {
-        attend_rows(p, q, k, v, &mask, out, 0);
+        (2 * threads).div_ceil(p.batch).min(sq)
+    };
+    let blk = sq.div_ceil(per_batch_blocks).max(1);
+    // Cap a block's score buffer at ~256 KiB.
+    let blk = blk.min((65_536 / p.seq_k.max(1)).max(1));
+    let blocks_per_batch = sq.div_ceil(blk);
+    let work = p.batch * sq * p.num_heads * p.seq_k.max(1) * p.head_dim * 2;
+    let run_block = |bi: usize, chunk: &mut [f32], scores: &mut Vec<f32>| {
+        let (b, ib) = (bi / blocks_per_batch, bi % blocks_per_batch);
+        let i0 = ib * blk;
+        let nrows = blk.min(sq - i0);
+        attend_block(p, q, k, v, &mask, chunk, b, i0, nrows, scores)
+    };
+    // Chunks of `blk` rows, restarting at each batch boundary.
+    let mut chunks: Vec<&mut [f32]> = Vec::with_capacity(p.batch * blocks_per_batch);
+    let mut rest = out;
+    for b in 0..p.batch {
+        for ib in 0..blocks_per_batch {
+            let nrows = blk.min(sq - ib * blk);
+            let last = b + 1 == p.batch && ib + 1 == blocks_per_batch;
+            let take = if last { rest.len() } else { nrows * ors };
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(take);
+            chunks.push(head);
+            rest = tail;
+        }
     }
-    Ok(())
+    if parallel && threads > 1 && chunks.len() > 1 && work >= PAR_MIN_ELEMS {
+        use rayon::prelude::*;
+        chunks
+            .into_par_iter()
+            .enumerate()
+            .try_for_each_init(Vec::new, |scores, (bi, chunk)| run_block(bi, chunk, scores))
+    } else {
+        let mut scores = Vec::new();
+        for (bi, chunk) in chunks.into_iter().enumerate() {
+            run_block(bi, chunk, &mut scores)?;
+        }
+        Ok(())
+    }
 }

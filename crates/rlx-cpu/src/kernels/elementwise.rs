@@ -13,27 +13,27 @@ macro_rules! with_act {
                 $e
             }
             Activation::Gelu => {
-                let $f = simd::gelu;
+                let $f = simd::gelu_m::<M>;
                 $e
             }
             Activation::GeluTanh => {
-                let $f = simd::gelu_tanh;
+                let $f = simd::gelu_tanh_m::<M>;
                 $e
             }
             Activation::Silu => {
-                let $f = simd::silu;
+                let $f = simd::silu_m::<M>;
                 $e
             }
             Activation::Sigmoid => {
-                let $f = simd::sigmoid;
+                let $f = simd::sigmoid_m::<M>;
                 $e
             }
             Activation::Tanh => {
-                let $f = simd::tanh;
+                let $f = simd::tanh_m::<M>;
                 $e
             }
             Activation::Exp => {
-                let $f = simd::exp;
+                let $f = simd::exp_m::<M>;
                 $e
             }
             Activation::Neg => {
@@ -115,6 +115,7 @@ fn softplus(x: f32) -> f32 {
 
 /// One activation, scalar. Matches the vectorized kernels exactly.
 pub fn activation_scalar(act: Activation, x: f32) -> f32 {
+    type M = simd::NoFma;
     with_act!(act, f => f(x))
 }
 
@@ -327,7 +328,7 @@ pub fn binary(
 simd_dispatch! {
     fn swiglu_row(g: &[f32], u: &[f32], out: &mut [f32]) {
         for ((o, &x), &y) in out.iter_mut().zip(g).zip(u) {
-            *o = simd::silu(x) * y;
+            *o = simd::silu_m::<M>(x) * y;
         }
     }
 }

@@ -8,7 +8,10 @@
 
 /// Define a function whose body is compiled for the baseline target and, on
 /// x86_64, a second time with AVX2 and FMA enabled; the AVX2 copy runs when
-/// the CPU has those features. Signatures may not be generic.
+/// the CPU has those features. Signatures may not be generic. Inside the
+/// body the type `M` implements [`Fma`]: `M::fma(a, b, c)` is a fused
+/// multiply-add in the AVX2 copy and `a * b + c` in the baseline copy, and
+/// the `*_m::<M>` math functions use it.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! simd_dispatch {
@@ -17,24 +20,55 @@ macro_rules! simd_dispatch {
         #[allow(clippy::too_many_arguments)]
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
-            #[allow(clippy::too_many_arguments)]
-            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[allow(clippy::too_many_arguments, clippy::extra_unused_type_parameters, unused)]
+            fn body<M: $crate::kernels::simd::Fma>($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,fma")]
                 #[allow(clippy::too_many_arguments)]
-                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    body::<$crate::kernels::simd::HwFma>($($arg),*)
+                }
                 if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
                     // SAFETY: `avx2` only differs from `body` by its target
                     // features, and the CPU supports both (checked just above).
                     return unsafe { avx2($($arg),*) };
                 }
             }
-            body($($arg),*)
+            body::<$crate::kernels::simd::NoFma>($($arg),*)
         }
     };
 }
 pub(crate) use simd_dispatch;
+
+/// How `a * b + c` is evaluated inside a [`simd_dispatch!`] body.
+pub trait Fma {
+    /// `a * b + c`, fused or not.
+    fn fma(a: f32, b: f32, c: f32) -> f32;
+}
+
+/// Hardware fused multiply-add; only for code compiled with the `fma`
+/// target feature (elsewhere it is a slow libm call).
+#[derive(Debug, Clone, Copy)]
+pub struct HwFma;
+
+/// Separate multiply and add (baseline targets).
+#[derive(Debug, Clone, Copy)]
+pub struct NoFma;
+
+impl Fma for HwFma {
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+impl Fma for NoFma {
+    #[inline(always)]
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// ln 2 split so that `k * LN2_HI` is exact for |k| <= 256 (Cephes).
@@ -46,23 +80,27 @@ const ROUND_MAGIC: f32 = 12_582_912.0;
 /// `e^(hi + lo)` where `hi` carries the magnitude and `lo` a correction;
 /// the range reduction keeps `lo`'s bits that `hi + lo` would round away.
 #[inline(always)]
-fn exp_hilo(hi: f32, lo: f32) -> f32 {
+fn exp_hilo<M: Fma>(hi: f32, lo: f32) -> f32 {
     let x = hi + lo;
-    // Clamp (NaN passes through both comparisons unchanged).
+    // Clamp (NaN passes through).
     let xc = x.clamp(-104.0, 88.8);
-    let shifted = xc * LOG2E + ROUND_MAGIC;
+    let shifted = M::fma(xc, LOG2E, ROUND_MAGIC);
     let kf = shifted - ROUND_MAGIC;
-    let r = ((hi - kf * LN2_HI) + lo) - kf * LN2_LO;
-    // exp(r) for |r| <= ~0.35: Taylor to degree 7, error < 6e-9.
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5
-                + r * (1.0 / 6.0
-                    + r * (1.0 / 24.0
-                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    let r = M::fma(-kf, LN2_LO, M::fma(-kf, LN2_HI, hi) + lo);
+    // exp(r) for |r| <= ~0.35: Taylor to degree 7 (error < 6e-9), in
+    // Estrin form for a short dependency chain.
+    let r2 = r * r;
+    let r4 = r2 * r2;
+    let p01 = 1.0 + r;
+    let p23 = M::fma(r, 1.0 / 6.0, 0.5);
+    let p45 = M::fma(r, 1.0 / 120.0, 1.0 / 24.0);
+    let p67 = M::fma(r, 1.0 / 5040.0, 1.0 / 720.0);
+    let p03 = M::fma(r2, p23, p01);
+    let p47 = M::fma(r2, p67, p45);
+    let p = M::fma(r4, p47, p03);
     // The integer k sits in the low mantissa bits of `shifted` (|k| < 2^22);
     // reading it from the bits avoids a saturating float->int conversion,
-    // which blocks vectorization. For NaN, k is garbage but y is NaN anyway.
+    // which blocks vectorization. For NaN, k is garbage but p is NaN.
     let k = (shifted.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
     let k1 = k >> 1;
     let k2 = k.wrapping_sub(k1);
@@ -80,21 +118,22 @@ fn exp_hilo(hi: f32, lo: f32) -> f32 {
 
 /// `e^x` in f32, about 1 ulp, NaN-propagating, branch-free (vectorizes).
 #[inline(always)]
-pub fn exp(x: f32) -> f32 {
-    exp_hilo(x, 0.0)
+pub fn exp_m<M: Fma>(x: f32) -> f32 {
+    exp_hilo::<M>(x, 0.0)
 }
 
 /// `tanh(x)`: an odd Taylor polynomial near 0, `1 - 2 / (e^{2|x|} + 1)` elsewhere.
 #[inline(always)]
-pub fn tanh(x: f32) -> f32 {
+pub fn tanh_m<M: Fma>(x: f32) -> f32 {
     let ax = x.abs();
     let x2 = x * x;
-    let small = x
-        * (1.0
-            + x2 * (-1.0 / 3.0
-                + x2 * (2.0 / 15.0
-                    + x2 * (-17.0 / 315.0 + x2 * (62.0 / 2835.0 + x2 * (-1382.0 / 155_925.0))))));
-    let e = exp(2.0 * ax);
+    let mut p = -1382.0 / 155_925.0;
+    p = M::fma(p, x2, 62.0 / 2835.0);
+    p = M::fma(p, x2, -17.0 / 315.0);
+    p = M::fma(p, x2, 2.0 / 15.0);
+    p = M::fma(p, x2, -1.0 / 3.0);
+    let small = M::fma(x * x2, p, x);
+    let e = exp_m::<M>(2.0 * ax);
     let big = 1.0 - 2.0 / (e + 1.0);
     let big = if x < 0.0 { -big } else { big };
     if ax < 0.3 {
@@ -108,14 +147,14 @@ pub fn tanh(x: f32) -> f32 {
 
 /// Logistic sigmoid `1 / (1 + e^-x)`.
 #[inline(always)]
-pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
+pub fn sigmoid_m<M: Fma>(x: f32) -> f32 {
+    1.0 / (1.0 + exp_m::<M>(-x))
 }
 
 /// SiLU `x / (1 + e^-x)`.
 #[inline(always)]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + exp(-x))
+pub fn silu_m<M: Fma>(x: f32) -> f32 {
+    x / (1.0 + exp_m::<M>(-x))
 }
 
 /// Standard normal CDF Φ(x), relative error below 4e-7 (measured) on both tails.
@@ -127,27 +166,29 @@ pub fn silu(x: f32) -> f32 {
 /// `1 - erfc/2` or `erfc/2`, never a cancelling `1 + erf`.
 #[inline(always)]
 #[allow(clippy::excessive_precision)]
-pub fn normal_cdf(x: f32) -> f32 {
+pub fn normal_cdf_m<M: Fma>(x: f32) -> f32 {
     // Φ is exactly 0 or 1 in f32 beyond |x| = 20; clamping keeps inf out
     // of the exponent split (NaN passes through).
     let ax = x.abs();
     let ax = if ax > 20.0 { 20.0 } else { ax };
     let z = ax * std::f32::consts::FRAC_1_SQRT_2;
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let poly = -1.265_512_2
-        + t * (1.000_023_7
-            + t * (0.374_091_96
-                + t * (0.096_784_18
-                    + t * (-0.186_288_06
-                        + t * (0.278_868_07
-                            + t * (-1.135_203_98
-                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    let t = 1.0 / M::fma(0.5, z, 1.0);
+    let mut p = 0.170_872_77;
+    p = M::fma(p, t, -0.822_152_23);
+    p = M::fma(p, t, 1.488_515_87);
+    p = M::fma(p, t, -1.135_203_98);
+    p = M::fma(p, t, 0.278_868_07);
+    p = M::fma(p, t, -0.186_288_06);
+    p = M::fma(p, t, 0.096_784_18);
+    p = M::fma(p, t, 0.374_091_96);
+    p = M::fma(p, t, 1.000_023_7);
+    let poly = M::fma(p, t, -1.265_512_2);
     let xh = f32::from_bits(ax.to_bits() & 0xffff_f000);
     let hi = -0.5 * (xh * xh);
-    let lo = poly - 0.5 * ((ax - xh) * (ax + xh));
-    let erfc = t * exp_hilo(hi, lo);
+    let lo = M::fma(-0.5 * (ax - xh), ax + xh, poly);
+    let erfc = t * exp_hilo::<M>(hi, lo);
     if x >= 0.0 {
-        1.0 - 0.5 * erfc
+        M::fma(-0.5, erfc, 1.0)
     } else {
         0.5 * erfc
     }
@@ -155,17 +196,59 @@ pub fn normal_cdf(x: f32) -> f32 {
 
 /// Exact (erf) GELU `x * Φ(x)`.
 #[inline(always)]
-pub fn gelu(x: f32) -> f32 {
-    x * normal_cdf(x)
+pub fn gelu_m<M: Fma>(x: f32) -> f32 {
+    x * normal_cdf_m::<M>(x)
 }
 
 /// Tanh-approximated GELU, `0.5 x (1 + tanh(u))` computed as `x * sigmoid(2u)`
 /// (the same value without the cancellation of `1 + tanh(u)` for u << 0).
 #[inline(always)]
-pub fn gelu_tanh(x: f32) -> f32 {
+pub fn gelu_tanh_m<M: Fma>(x: f32) -> f32 {
     const C: f32 = 0.797_884_6; // sqrt(2 / pi)
-    let u = C * (x + 0.044_715 * x * x * x);
-    x / (1.0 + exp(-2.0 * u))
+    let u = C * M::fma(0.044_715 * x, x * x, x);
+    x / (1.0 + exp_m::<M>(-2.0 * u))
+}
+
+/// [`exp_m`] without FMA (for scalar callers outside dispatched bodies).
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    exp_m::<NoFma>(x)
+}
+
+/// [`tanh_m`] without FMA.
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    tanh_m::<NoFma>(x)
+}
+
+/// [`sigmoid_m`] without FMA.
+#[inline(always)]
+pub fn sigmoid(x: f32) -> f32 {
+    sigmoid_m::<NoFma>(x)
+}
+
+/// [`silu_m`] without FMA.
+#[inline(always)]
+pub fn silu(x: f32) -> f32 {
+    silu_m::<NoFma>(x)
+}
+
+/// [`normal_cdf_m`] without FMA.
+#[inline(always)]
+pub fn normal_cdf(x: f32) -> f32 {
+    normal_cdf_m::<NoFma>(x)
+}
+
+/// [`gelu_m`] without FMA.
+#[inline(always)]
+pub fn gelu(x: f32) -> f32 {
+    gelu_m::<NoFma>(x)
+}
+
+/// [`gelu_tanh_m`] without FMA.
+#[inline(always)]
+pub fn gelu_tanh(x: f32) -> f32 {
+    gelu_tanh_m::<NoFma>(x)
 }
 
 /// NaN-propagating maximum.
@@ -337,6 +420,7 @@ mod tests {
         let mut x = -87.0f32;
         while x < 88.0 {
             worst = worst.max(rel(exp(x), (x as f64).exp()));
+            worst = worst.max(rel(exp_m::<HwFma>(x), (x as f64).exp()));
             x += 0.0137;
         }
         assert!(worst < 2e-7, "worst exp rel error {worst}");
@@ -355,6 +439,7 @@ mod tests {
             let xd = x as f64;
             let exact = xd * 0.5 * erfc64(-xd / std::f64::consts::SQRT_2);
             worst = worst.max(rel(gelu(x), exact));
+            worst = worst.max(rel(gelu_m::<HwFma>(x), exact));
             x += 0.00731;
         }
         assert!(worst < 4e-7, "worst gelu rel error {worst}");
@@ -370,6 +455,7 @@ mod tests {
         let mut x = -20.0f32;
         while x < 20.0 {
             worst = worst.max(rel(tanh(x), (x as f64).tanh()));
+            worst = worst.max(rel(tanh_m::<HwFma>(x), (x as f64).tanh()));
             worst = worst.max(rel(sigmoid(x), 1.0 / (1.0 + (-(x as f64)).exp())));
             let xd = x as f64;
             // On the negative tail the result is e^(2u) and inherits u's

@@ -5,7 +5,7 @@ use super::{bad_shape, exact_len, par_rows, KernelError};
 
 /// `out[i] = e^(x[i] - m)`; returns the sum of `out` (8 accumulators).
 #[inline(always)]
-pub(crate) fn exp_sub_sum(x: &[f32], m: f32, out: &mut [f32]) -> f32 {
+pub(crate) fn exp_sub_sum<M: simd::Fma>(x: &[f32], m: f32, out: &mut [f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let n = x.len().min(out.len());
     let (x, out) = (&x[..n], &mut out[..n]);
@@ -13,16 +13,36 @@ pub(crate) fn exp_sub_sum(x: &[f32], m: f32, out: &mut [f32]) -> f32 {
     let mut oc = out.chunks_exact_mut(8);
     for (xs, os) in (&mut xc).zip(&mut oc) {
         for i in 0..8 {
-            let e = simd::exp(xs[i] - m);
+            let e = simd::exp_m::<M>(xs[i] - m);
             os[i] = e;
             acc[i] += e;
         }
     }
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for (o, &v) in oc.into_remainder().iter_mut().zip(xc.remainder()) {
-        let e = simd::exp(v - m);
+        let e = simd::exp_m::<M>(v - m);
         *o = e;
         s += e;
+    }
+    s
+}
+
+/// `x[i] = e^(x[i] - m)`, returning the sum (8 accumulators).
+#[inline(always)]
+pub(crate) fn exp_sub_sum_inplace<M: simd::Fma>(x: &mut [f32], m: f32) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            let e = simd::exp_m::<M>(c[i] - m);
+            c[i] = e;
+            acc[i] += e;
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for v in chunks.into_remainder() {
+        *v = simd::exp_m::<M>(*v - m);
+        s += *v;
     }
     s
 }
@@ -39,7 +59,7 @@ simd_dispatch! {
     fn rows_unchecked(x: &[f32], out: &mut [f32], d: usize) {
         for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
             let m = simd::max_slice(xr);
-            let s = exp_sub_sum(xr, m, or);
+            let s = exp_sub_sum::<M>(xr, m, or);
             scale(or, 1.0 / s);
         }
     }
@@ -53,11 +73,7 @@ simd_dispatch! {
         }
         for row in x.chunks_exact_mut(d) {
             let m = simd::max_slice(row);
-            let mut s = 0.0f32;
-            for v in row.iter_mut() {
-                *v = simd::exp(*v - m);
-                s += *v;
-            }
+            let s = exp_sub_sum_inplace::<M>(row, m);
             scale(row, 1.0 / s);
         }
     }
@@ -90,7 +106,7 @@ simd_dispatch! {
             }
             for (xr, or) in xb.chunks_exact(inner).zip(ob.chunks_exact_mut(inner)) {
                 for (((o, &v), &mi), si) in or.iter_mut().zip(xr).zip(&m).zip(s.iter_mut()) {
-                    let e = simd::exp(v - mi);
+                    let e = simd::exp_m::<M>(v - mi);
                     *o = e;
                     *si += e;
                 }
