@@ -1,1 +1,97 @@
-fn main() {}
+//! The `rlx` command-line tool.
+
+mod bench;
+mod embed;
+mod plan;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// rlx: an ML compiler and runtime for transformer inference.
+#[derive(Parser)]
+#[command(name = "rlx", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// Execution mode on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Mode {
+    /// One dispatch per op.
+    Thunks,
+    /// Compiled segments between thunk ranges.
+    Hybrid,
+}
+
+/// Where to run.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum DeviceArg {
+    /// The host CPU.
+    Cpu,
+    /// An NVIDIA GPU (needs a build with `--features cuda`).
+    Cuda,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Download and verify model files (calls pip; see scripts/fetch_models.py).
+    Fetch {
+        /// minilm, smollm2 or all.
+        #[arg(default_value = "all")]
+        which: String,
+    },
+    /// Sentence embeddings as JSON lines (or .npy).
+    Embed(embed::EmbedArgs),
+    /// Print the execution plan of a model graph.
+    Plan(plan::PlanArgs),
+    /// Time a model, printing one JSON line with --json.
+    Bench(bench::BenchArgs),
+}
+
+/// The default model cache: `$RLX_MODELS_DIR` or `~/.cache/rlx/models`.
+pub fn models_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("RLX_MODELS_DIR") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    home.join(".cache/rlx/models")
+}
+
+/// The fetched MiniLM directory.
+pub fn default_minilm() -> PathBuf {
+    models_dir().join("all-minilm-l6-v2")
+}
+
+/// Run the fetch script for `which`.
+pub fn fetch(which: &str) -> Result<(), String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/fetch_models.py");
+    let status = std::process::Command::new("python3")
+        .arg(script)
+        .arg(which)
+        .status()
+        .map_err(|e| format!("could not start python3 to fetch models: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("fetching '{which}' failed (see the messages above)"))
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Fetch { which } => fetch(&which),
+        Cmd::Embed(a) => embed::run(a),
+        Cmd::Plan(a) => plan::run(a),
+        Cmd::Bench(a) => bench::run(a),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -11,7 +11,7 @@ use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef};
 use std::collections::{HashMap, HashSet};
 
 /// How to compile a graph for the CPU.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct CpuOptions {
     /// Split into compiled segments and thunk ranges (else thunks only).
     pub hybrid: bool,
@@ -22,17 +22,6 @@ pub struct CpuOptions {
     /// Fill every tensor with NaN bytes once its last reader has run. A test
     /// aid: a plan that frees memory too early then shows up as NaN.
     pub poison_freed: bool,
-}
-
-impl Default for CpuOptions {
-    fn default() -> Self {
-        CpuOptions {
-            hybrid: false,
-            policy: SplitPolicy::default(),
-            threads: None,
-            poison_freed: false,
-        }
-    }
 }
 
 /// One planned graph with its arena.
@@ -63,7 +52,7 @@ fn cpu_view(graph: &Graph, node: &Node) -> Option<(NodeId, usize)> {
 impl Core {
     fn new(graph: Graph, opts: &CpuOptions) -> Result<Core, RuntimeError> {
         let plan = if opts.hybrid {
-            build_plan(&graph, &opts.policy, &FusedCompiler::default())
+            build_plan(&graph, &opts.policy, &FusedCompiler)
         } else {
             HybridPlan::thunks_only(&graph)
         };
@@ -487,10 +476,10 @@ impl CpuModel {
             if is_static[n.id.index()] {
                 main.add_node(Op::Param { name: static_name(n.id) }, vec![], n.shape.clone());
                 for &i in &n.inputs {
-                    if !prep_map.contains_key(&i) {
+                    prep_map.entry(i).or_insert_with(|| {
                         let leaf = graph.node(i);
-                        prep_map.insert(i, prep_graph.add_node(leaf.op.clone(), vec![], leaf.shape.clone()));
-                    }
+                        prep_graph.add_node(leaf.op.clone(), vec![], leaf.shape.clone())
+                    });
                 }
                 let ins = n.inputs.iter().map(|i| prep_map[i]).collect();
                 prep_map.insert(n.id, prep_graph.add_node(n.op.clone(), ins, n.shape.clone()));

@@ -22,7 +22,7 @@ use rlx_runtime::hybrid::{SegmentCompiler, SubGraph};
 use std::sync::Mutex;
 
 /// Rows per chunk at most; bounds scratch memory and keeps chunks in cache.
-const MAX_CHUNK_ROWS: usize = 64;
+const MAX_CHUNK_ROWS: usize = 128;
 
 /// The CPU segment compiler (see the module docs).
 #[derive(Debug, Clone, Default)]
@@ -47,7 +47,7 @@ fn row_broadcastable(d: &[usize], out: &[usize]) -> Option<bool> {
     if d.len() > r || r == 0 {
         return None;
     }
-    let pad: Vec<usize> = std::iter::repeat(1).take(r - d.len()).chain(d.iter().copied()).collect();
+    let pad: Vec<usize> = std::iter::repeat_n(1, r - d.len()).chain(d.iter().copied()).collect();
     let last = pad[r - 1];
     if last != out[r - 1] && last != 1 {
         return None;
@@ -452,7 +452,7 @@ impl FusedPlan {
             }
         }
         let threads = rayon::current_num_threads().max(1);
-        let chunk_rows = rows.div_ceil(threads * 2).clamp(1, MAX_CHUNK_ROWS);
+        let chunk_rows = rows.div_ceil(threads).clamp(1, MAX_CHUNK_ROWS);
         let chunks = rows.div_ceil(chunk_rows);
         let scratch = (0..chunks)
             .map(|_| Mutex::new(slots.iter().map(|&w| vec![0f32; w * chunk_rows]).collect()))

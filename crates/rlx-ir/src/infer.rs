@@ -188,7 +188,7 @@ pub fn infer_shape(op: &Op, inputs: &[Shape]) -> R {
                 arity(inputs, 1)?;
                 let x = &inputs[0];
                 float(x, "x")?;
-                if x.rank() == 0 || x.last_dim() % 2 != 0 {
+                if x.rank() == 0 || !x.last_dim().is_multiple_of(2) {
                     return Err("expected an even last dim holding [gate | up]".into());
                 }
                 let mut d = x.dims.clone();

@@ -213,7 +213,7 @@ impl QuantScheme {
     /// Bytes of one packed row of `k` elements, or `None` if `k` is not a
     /// whole number of blocks.
     pub fn row_bytes(self, k: usize) -> Option<usize> {
-        (k % self.block_elems() == 0).then(|| k / self.block_elems() * self.block_bytes())
+        k.is_multiple_of(self.block_elems()).then(|| k / self.block_elems() * self.block_bytes())
     }
 
     /// GGUF / ggml name (e.g. `Q4_K`).

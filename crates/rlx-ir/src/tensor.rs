@@ -44,13 +44,13 @@ impl TensorData {
 
     /// Whether `shape` can hold this data: same element count and a compatible dtype.
     pub fn fits(&self, shape: &Shape) -> bool {
-        let dt_ok = match (self, shape.dtype) {
-            (TensorData::F32(_), DType::F32) => true,
-            (TensorData::I32(_), DType::I32) => true,
-            (TensorData::I64(_), DType::I64) => true,
-            (TensorData::U8(_), DType::U8 | DType::Bool) => true,
-            _ => false,
-        };
+        let dt_ok = matches!(
+            (self, shape.dtype),
+            (TensorData::F32(_), DType::F32)
+                | (TensorData::I32(_), DType::I32)
+                | (TensorData::I64(_), DType::I64)
+                | (TensorData::U8(_), DType::U8 | DType::Bool)
+        );
         dt_ok && self.len() == shape.numel()
     }
 

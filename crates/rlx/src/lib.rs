@@ -29,6 +29,23 @@ pub mod hybrid {
     pub use rlx_runtime::hybrid::*;
 }
 
+/// Model builders and loaders (BERT, sentence embeddings, Llama, recurrent blocks).
+pub mod models {
+    pub use rlx_models::*;
+}
+
+/// Graph passes: fusion, DCE, CSE, constant folding.
+pub mod opt {
+    pub use rlx_opt::*;
+}
+
+/// Backend-independent runtime pieces: memory planner, `Executable`.
+pub mod runtime {
+    pub use rlx_runtime::*;
+}
+
+pub use rlx_models::SentenceEmbedder;
+
 /// The CPU backend.
 pub mod cpu {
     pub use rlx_cpu::*;

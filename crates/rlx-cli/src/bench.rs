@@ -1,0 +1,110 @@
+//! `rlx bench`: time a BERT model at one shape.
+
+use crate::plan::{graph_for, resolve_config};
+use crate::Mode;
+use clap::Args;
+use rlx::cpu::{CpuModel, CpuOptions};
+use rlx::models::bert::synthetic_params;
+use rlx::models::{EmbedOptions, SentenceEmbedder};
+use rlx::runtime::{Executable, TensorRef};
+use std::time::Instant;
+
+/// Arguments of `rlx bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// `bert6` (synthetic weights), `minilm`, or a BERT model directory.
+    #[arg(long, default_value = "minilm")]
+    model: String,
+    /// Batch size.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Sequence length (every sentence full length).
+    #[arg(long, default_value_t = 128)]
+    seq: usize,
+    /// Execution mode.
+    #[arg(long, value_enum, default_value_t = Mode::Hybrid)]
+    mode: Mode,
+    /// Timed runs.
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Untimed warm-up runs.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Worker threads.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print one JSON line `{"median_ms", "times_ms", "dispatches"}`.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Run `rlx bench`.
+pub fn run(a: BenchArgs) -> Result<(), String> {
+    let hybrid = a.mode == Mode::Hybrid;
+    let (cfg, _, dir) = resolve_config(&a.model)?;
+    let (b, s) = (a.batch, a.seq);
+    let mut synthetic;
+    let mut loaded;
+    let model: &mut CpuModel = match dir {
+        None => {
+            let (g, _) = graph_for(&cfg, true, b, s, true)?;
+            synthetic = CpuModel::compile(g, &CpuOptions { hybrid, threads: a.threads, ..Default::default() })
+                .map_err(|e| e.to_string())?;
+            for (name, v) in synthetic_params(&cfg, 1) {
+                synthetic.set_param(&name, TensorRef::F32(&v)).map_err(|e| e.to_string())?;
+            }
+            &mut synthetic
+        }
+        Some(dir) => {
+            if !dir.join("model.safetensors").exists() && a.model == "minilm" {
+                crate::fetch("minilm")?;
+            }
+            loaded = SentenceEmbedder::load_with(&dir, EmbedOptions { hybrid, threads: a.threads, optimize: true })
+                .map_err(|e| e.to_string())?;
+            loaded.model_for(b, s, false).map_err(|e| e.to_string())?
+        }
+    };
+    let mut state = 0x2545F4914F6CDD1Du64;
+    let ids: Vec<i64> = (0..b * s)
+        .map(|i| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            match i % s {
+                0 => 101,
+                x if x == s - 1 => 102,
+                _ => 1000 + (state % 20000) as i64,
+            }
+        })
+        .collect();
+    let tt = vec![0i64; b * s];
+    let mask = vec![1f32; b * s];
+    let inputs = [
+        ("input_ids", TensorRef::I64(&ids)),
+        ("token_type_ids", TensorRef::I64(&tt)),
+        ("attention_mask", TensorRef::F32(&mask)),
+    ];
+    for _ in 0..a.warmup {
+        model.run(&inputs).map_err(|e| e.to_string())?;
+    }
+    let mut times = Vec::with_capacity(a.iters);
+    for _ in 0..a.iters.max(1) {
+        let t = Instant::now();
+        model.run(&inputs).map_err(|e| e.to_string())?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let mut sorted = times.clone();
+    sorted.sort_by(|x, y| x.total_cmp(y));
+    let median = sorted[sorted.len() / 2];
+    let dispatches = model.report().dispatches;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"median_ms": median, "times_ms": times, "dispatches": dispatches,
+                "mode": format!("{:?}", a.mode).to_lowercase(), "batch": b, "seq": s})
+        );
+    } else {
+        println!("{} {}x{} {:?}: median {:.3} ms over {} runs, {} dispatches", a.model, b, s, a.mode, median, times.len(), dispatches);
+    }
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! `rlx plan`.
+
+use crate::Mode;
+use clap::Args;
+use rlx::cpu::{CpuModel, CpuOptions};
+use rlx::hybrid::PlanReport;
+use rlx::models::bert::{build_graph, BertConfig, BertOutputs};
+use rlx::runtime::Executable;
+use serde_json::json;
+use std::path::PathBuf;
+
+/// Arguments of `rlx plan`.
+#[derive(Args)]
+pub struct PlanArgs {
+    /// `bert6` (the BERT-6 encoder, token outputs), `minilm` (the fetched
+    /// model's full embedding graph) or a BERT model directory.
+    #[arg(long, default_value = "bert6")]
+    model: String,
+    /// Batch size.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Sequence length.
+    #[arg(long, default_value_t = 128)]
+    seq: usize,
+    /// Execution mode to plan.
+    #[arg(long, value_enum, default_value_t = Mode::Hybrid)]
+    mode: Mode,
+    /// Skip the graph optimizer.
+    #[arg(long)]
+    no_opt: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Also print the graph, one line per node.
+    #[arg(long)]
+    dump: bool,
+}
+
+/// Resolve a `--model` value to a config and whether the graph pools.
+pub fn resolve_config(model: &str) -> Result<(BertConfig, bool, Option<PathBuf>), String> {
+    match model {
+        "bert6" => Ok((BertConfig::minilm_l6(), false, None)),
+        other => {
+            let dir = if other == "minilm" { crate::default_minilm() } else { PathBuf::from(other) };
+            let path = dir.join("config.json");
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let cfg: BertConfig = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok((cfg, true, Some(dir)))
+        }
+    }
+}
+
+/// Build (and optimize) the graph for a config and shape.
+pub fn graph_for(
+    cfg: &BertConfig,
+    pooled: bool,
+    batch: usize,
+    seq: usize,
+    optimize: bool,
+) -> Result<(rlx::ir::Graph, Option<rlx::opt::OptReport>), String> {
+    let g = build_graph(cfg, batch, seq, BertOutputs { pooled, tokens: !pooled }).map_err(|e| e.to_string())?;
+    if !optimize {
+        return Ok((g, None));
+    }
+    let (g, r) = rlx::opt::optimize(&g, &Default::default()).map_err(|e| e.to_string())?;
+    Ok((g, Some(r)))
+}
+
+fn compile(g: &rlx::ir::Graph, hybrid: bool) -> Result<CpuModel, String> {
+    CpuModel::compile(g.clone(), &CpuOptions { hybrid, ..Default::default() }).map_err(|e| e.to_string())
+}
+
+fn report_json(r: &PlanReport) -> serde_json::Value {
+    json!({
+        "segments": r.segments.iter().map(|s| json!({
+            "nodes": s.nodes, "first": s.first.0, "last": s.last.0,
+            "boundary_inputs": s.boundary_inputs.iter().map(|n| n.0).collect::<Vec<_>>(),
+            "boundary_outputs": s.boundary_outputs.iter().map(|n| n.0).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "ranges": r.ranges.iter().map(|t| json!({
+            "start": t.start, "end": t.end,
+            "ops": t.ops.iter().map(|o| json!({"node": o.node.0, "op": o.op, "reason": o.reason})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Run `rlx plan`.
+pub fn run(a: PlanArgs) -> Result<(), String> {
+    let (cfg, pooled, _) = resolve_config(&a.model)?;
+    let (g, passes) = graph_for(&cfg, pooled, a.batch, a.seq, !a.no_opt)?;
+    let model = compile(&g, a.mode == Mode::Hybrid)?;
+    let r = model.report();
+    let mem = model.memory();
+    let ops = g.op_counts();
+    if a.json {
+        let mut v = json!({
+            "graph": g.name,
+            "mode": format!("{:?}", a.mode).to_lowercase(),
+            "compiled_segments": r.compiled_segments,
+            "thunk_ranges": r.thunk_ranges,
+            "dispatches": r.dispatches,
+            "dispatches_thunks_only": r.dispatches_thunks_only,
+            "arena_bytes": mem.arena_bytes,
+            "naive_bytes": mem.naive_bytes,
+            "scratch_bytes": mem.scratch_bytes,
+            "ops": ops,
+            "passes": passes.as_ref().map(|p| json!(p.passes)).unwrap_or(json!({})),
+        });
+        if let (Some(obj), serde_json::Value::Object(extra)) = (v.as_object_mut(), report_json(r)) {
+            obj.extend(extra);
+        }
+        println!("{v}");
+        return Ok(());
+    }
+    if a.dump {
+        print!("{g}");
+    }
+    println!("plan for {} ({} nodes), mode {:?}", g.name, g.len(), a.mode);
+    let mut si = 0;
+    let mut ri = 0;
+    // Steps in order: interleave segments and ranges by their first node.
+    loop {
+        let s = r.segments.get(si);
+        let t = r.ranges.get(ri);
+        match (s, t) {
+            (Some(s), Some(t)) if s.first.index() < t.start => {
+                print_segment(s);
+                si += 1;
+            }
+            (Some(s), None) => {
+                print_segment(s);
+                si += 1;
+            }
+            (_, Some(t)) => {
+                println!("  thunks [{}..{}):", t.start, t.end);
+                for o in &t.ops {
+                    println!("    {} {:<20} {}", o.node, o.op, o.reason);
+                }
+                ri += 1;
+            }
+            (None, None) => break,
+        }
+    }
+    println!(
+        "compiled segments {}, thunk ranges {}, dispatches {} (thunks only: {})",
+        r.compiled_segments, r.thunk_ranges, r.dispatches, r.dispatches_thunks_only
+    );
+    println!("arena {} bytes (naive sum {} bytes), segment scratch {} bytes", mem.arena_bytes, mem.naive_bytes, mem.scratch_bytes);
+    let ops: Vec<String> = ops.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!("ops: {}", ops.join(" "));
+    if let Some(p) = passes {
+        for (pass, pats) in &p.passes {
+            if !pats.is_empty() {
+                let pats: Vec<String> = pats.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+                println!("pass {pass}: {}", pats.join(", "));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_segment(s: &rlx::hybrid::SegmentReport) {
+    let ids = |v: &[rlx::ir::NodeId]| v.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" ");
+    println!(
+        "  compiled {}..={} ({} ops) in: [{}] out: [{}]",
+        s.first,
+        s.last,
+        s.nodes,
+        ids(&s.boundary_inputs),
+        ids(&s.boundary_outputs)
+    );
+}
