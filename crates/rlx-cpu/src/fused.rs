@@ -277,6 +277,7 @@ impl FusedPlan {
                             && x.width == w
                             && x.stride == w
                             && users[src_node].len() == 1
+                            && n.inputs.iter().filter(|&&i| i.index() == src_node).count() == 1
                             && !out_set[src_node] =>
                     {
                         Some(s)
@@ -684,8 +685,9 @@ fn run_fop(op: &FOp, ins: &[In<'_>], bufs: &mut [Vec<f32>], r0: usize, nr: usize
             for (r, slot) in o.iter_mut().enumerate().take(nr) {
                 let xr = rowf(&x, ins, bufs, r0, r)?;
                 *slot = match op {
-                    ReduceOp::Sum => xr.iter().sum(),
-                    ReduceOp::Mean => xr.iter().sum::<f32>() / xr.len() as f32,
+                    // Accumulate in f64 like the Reduce thunk, so hybrid == thunks bit for bit.
+                    ReduceOp::Sum => xr.iter().map(|&v| f64::from(v)).sum::<f64>() as f32,
+                    ReduceOp::Mean => (xr.iter().map(|&v| f64::from(v)).sum::<f64>() / xr.len() as f64) as f32,
                     ReduceOp::Max => xr.iter().copied().fold(f32::NEG_INFINITY, crate::kernels::simd::max_nan),
                     ReduceOp::Min => xr.iter().copied().fold(f32::INFINITY, crate::kernels::simd::min_nan),
                 };

@@ -1,0 +1,142 @@
+//! The public surface of DESIGN.md, exactly as written there, and every
+//! error class of `Session` / `CompiledModel`.
+
+use rlx::hybrid::{segment, CompiledSegment, Segment, SplitPolicy};
+use rlx::ir::op::{Activation, BinaryOp, MaskKind};
+use rlx::ir::{DType, Graph, Node, NodeId, Op, Shape};
+use rlx::{Device, Error, ExecMode, PlanStats, RuntimeError, Session};
+
+fn mlp() -> Graph {
+    let mut g = Graph::new("mlp");
+    let x = g.input("x", Shape::new(&[2, 3], DType::F32));
+    let w = g.param("w", Shape::new(&[3, 4], DType::F32));
+    let h = g.matmul(x, w, Shape::new(&[2, 4], DType::F32));
+    let y = g.activation(Activation::Relu, h, Shape::new(&[2, 4], DType::F32));
+    g.set_outputs(vec![y]);
+    g
+}
+
+#[test]
+fn design_surface_compiles_and_runs() {
+    let g = mlp();
+    let n: &Node = g.node(NodeId(2));
+    assert!(matches!(n.op, Op::MatMul));
+    assert_eq!(n.inputs, vec![NodeId(0), NodeId(1)]);
+    assert_eq!(n.shape, Shape::new(&[2, 4], DType::F32));
+    assert_eq!(g.users(NodeId(2)), vec![NodeId(3)]);
+    assert_eq!(g.outputs, vec![NodeId(3)]);
+    assert_eq!(g.nodes().len(), 4);
+    g.verify().unwrap();
+    let _ = (BinaryOp::Add, MaskKind::Causal, MaskKind::SlidingWindow(4));
+    let segs: Vec<Segment> = segment(&g, &SplitPolicy::default());
+    let Segment::Compiled(CompiledSegment { nodes, boundary_inputs, boundary_outputs }) = &segs[0] else {
+        panic!("expected one compiled segment")
+    };
+    assert_eq!(nodes, &vec![NodeId(2), NodeId(3)]);
+    assert_eq!(boundary_inputs, &vec![NodeId(0), NodeId(1)]);
+    assert_eq!(boundary_outputs, &vec![NodeId(3)]);
+    let custom = SplitPolicy::new(|op: &Op| !matches!(op, Op::Activation(_)));
+    assert!(matches!(segment(&g, &custom)[1], Segment::Thunks { start: 3, end: 4 }));
+
+    for mode in [ExecMode::Thunks, ExecMode::Hybrid] {
+        let mut m = Session::new(Device::Cpu).mode(mode).compile(g.clone()).unwrap();
+        m.set_param("w", &[1.0, -1.0, 0.5, 0.0, 2.0, 1.0, -1.0, 0.0, 0.0, 0.0, 1.0, 3.0]).unwrap();
+        let out: Vec<Vec<f32>> = m.run(&[("x", &[1.0, 2.0, 3.0, -1.0, 0.0, 1.0])]).unwrap();
+        // Row 0: [1,2,3] x w = [5, 1, 1.5, 9]; row 1: [-1,0,1] x w = [-1, 1, 0.5, 3] -> relu.
+        assert_eq!(out, vec![vec![5.0, 1.0, 1.5, 9.0, 0.0, 1.0, 0.5, 3.0]]);
+        let st: PlanStats = m.plan_stats();
+        let want = if mode == ExecMode::Hybrid { (1, 0, 1) } else { (0, 1, 2) };
+        assert_eq!((st.compiled_segments, st.thunk_ranges, st.dispatches), want);
+    }
+}
+
+fn compiled() -> rlx::CompiledModel {
+    Session::new(Device::Cpu).compile(mlp()).unwrap()
+}
+
+#[test]
+fn missing_param_is_an_error() {
+    let mut m = compiled();
+    let e = m.run(&[("x", &[0.0; 6])]).unwrap_err();
+    assert!(matches!(e, Error::Runtime(RuntimeError::MissingParam { ref name, .. }) if name == "w"), "{e}");
+    assert!(e.to_string().contains("f32[3,4]"), "{e}");
+}
+
+#[test]
+fn wrong_length_is_an_error() {
+    let mut m = compiled();
+    let e = m.set_param("w", &[0.0; 11]).unwrap_err();
+    assert!(e.to_string().contains("expected 12 elements"), "{e}");
+    m.set_param("w", &[0.0; 12]).unwrap();
+    let e = m.run(&[("x", &[0.0; 5])]).unwrap_err();
+    assert!(matches!(e, Error::Runtime(RuntimeError::WrongLength { expected: 6, got: 5, .. })), "{e}");
+}
+
+#[test]
+fn unknown_input_and_param_are_errors() {
+    let mut m = compiled();
+    m.set_param("w", &[0.0; 12]).unwrap();
+    let e = m.run(&[("y", &[0.0; 6])]).unwrap_err();
+    assert!(e.to_string().contains("no input named 'y'") && e.to_string().contains("x"), "{e}");
+    let e = m.set_param("nope", &[0.0; 12]).unwrap_err();
+    assert!(matches!(e, Error::Runtime(RuntimeError::UnknownParam { .. })), "{e}");
+    let e = m.run(&[]).unwrap_err();
+    assert!(matches!(e, Error::Runtime(RuntimeError::MissingInput { .. })), "{e}");
+}
+
+#[test]
+fn duplicate_input_is_an_error_and_params_replace() {
+    let mut m = compiled();
+    m.set_param("w", &[0.0; 12]).unwrap();
+    let e = m.run(&[("x", &[0.0; 6]), ("x", &[1.0; 6])]).unwrap_err();
+    assert!(matches!(e, Error::Runtime(RuntimeError::DuplicateInput { .. })), "{e}");
+    let mut w = vec![0.0; 12];
+    w[0] = 1.0;
+    m.set_param("w", &w).unwrap();
+    let out = m.run(&[("x", &[2.0, 0.0, 0.0, 0.0, 0.0, 0.0])]).unwrap();
+    assert_eq!(out[0][0], 2.0, "the second set_param replaced the first");
+}
+
+#[test]
+fn wrong_dtype_is_an_error() {
+    let mut g = Graph::new("ids");
+    let ids = g.input("ids", Shape::new(&[3], DType::I64));
+    let t = g.param("t", Shape::f32(&[5, 2]));
+    let y = g.add_node(Op::Gather { axis: 0 }, vec![t, ids], Shape::f32(&[3, 2]));
+    g.set_outputs(vec![y]);
+    let mut m = Session::new(Device::Cpu).compile(g).unwrap();
+    m.set_param("t", &[0.0; 10]).unwrap();
+    let e = m.run(&[("ids", &[0.0; 3])]).unwrap_err();
+    assert!(matches!(e, Error::Runtime(RuntimeError::WrongDType { expected: DType::I64, got: DType::F32, .. })), "{e}");
+    // Out-of-range ids are errors naming the node, not panics.
+    let e = m.run_typed(&[("ids", rlx::TensorRef::I64(&[0, 5, 1]))]).unwrap_err();
+    assert!(e.to_string().contains("Gather") && e.to_string().contains('5'), "{e}");
+}
+
+#[test]
+fn invalid_graph_is_an_error_naming_the_node() {
+    let mut g = Graph::new("bad");
+    let a = g.input("a", Shape::f32(&[2, 3]));
+    let b = g.input("b", Shape::f32(&[4, 5]));
+    let y = g.matmul(a, b, Shape::f32(&[2, 5]));
+    g.set_outputs(vec![y]);
+    let e = Session::new(Device::Cpu).compile(g).err().expect("must fail");
+    let msg = e.to_string();
+    assert!(msg.contains("%2") && msg.contains("MatMul") && msg.contains("f32[2,3]") && msg.contains("f32[4,5]"), "{msg}");
+
+    let mut g = Graph::new("recorded");
+    let a = g.input("a", Shape::f32(&[2]));
+    let y = g.activation(Activation::Tanh, a, Shape::f32(&[3]));
+    g.set_outputs(vec![y]);
+    let msg = Session::new(Device::Cpu).compile(g).err().unwrap().to_string();
+    assert!(msg.contains("recorded shape f32[3]") && msg.contains("f32[2]"), "{msg}");
+
+    let mut g = Graph::new("no outputs");
+    g.input("a", Shape::f32(&[2]));
+    assert!(Session::new(Device::Cpu).compile(g).is_err());
+
+    let mut g = Graph::new("unknown output");
+    g.input("a", Shape::f32(&[2]));
+    g.set_outputs(vec![NodeId(9)]);
+    assert!(Session::new(Device::Cpu).compile(g).err().unwrap().to_string().contains("%9"));
+}
