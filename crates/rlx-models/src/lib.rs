@@ -5,12 +5,14 @@
 //! - [`tokenizer`]: BERT WordPiece tokenization via `tokenizers`.
 //! - [`gguf_tokenizer`]: byte-level BPE tokenization from GGUF metadata.
 //! - [`llama`]: Llama-family decoders from GGUF (prefill/decode graphs, KV cache, generation).
+//! - [`recurrent`]: a Qwen3-Next-style GatedDeltaNet block and a 3:1 GDN/attention hybrid.
 //! - [`sampling`]: greedy / temperature / top-k / top-p sampling.
 
 pub mod bert;
 pub mod embedder;
 pub mod gguf_tokenizer;
 pub mod llama;
+pub mod recurrent;
 pub mod sampling;
 pub mod tokenizer;
 
