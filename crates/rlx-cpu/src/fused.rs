@@ -230,6 +230,7 @@ impl FusedPlan {
         let users = g.users_all();
         let mut views: Vec<Option<View>> = vec![None; g.len()];
         let mut slots: Vec<usize> = Vec::new();
+        let mut slot_value: Vec<usize> = Vec::new();
         let mut ops = Vec::new();
         let out_set: Vec<bool> = (0..g.len()).map(|i| g.outputs.contains(&NodeId(i as u32))).collect();
         let mut ext = 0usize;
@@ -264,23 +265,20 @@ impl FusedPlan {
             if r != rows && !matches!(n.op, Op::Narrow { .. } | Op::Reshape { .. } | Op::Cast { .. }) {
                 return Err(format!("node {parent} has {r} rows, the segment has {rows}"));
             }
-            let new_slot = |slots: &mut Vec<usize>| {
+            let new_slot = |slots: &mut Vec<usize>, owners: &mut Vec<usize>| {
                 slots.push(w);
+                owners.push(id);
                 slots.len() - 1
             };
-            // In place: the first operand is a whole local slot read by no one else.
+            // In place: the first operand is a whole local slot that nothing
+            // else reads, directly or through a folded view.
             let reuse = |x: View| -> Option<usize> {
-                let src_node = n.inputs[0].index();
                 match x.src {
-                    Src::Slot(s)
-                        if x.col == 0
-                            && x.width == w
-                            && x.stride == w
-                            && users[src_node].len() == 1
-                            && n.inputs.iter().filter(|&&i| i.index() == src_node).count() == 1
-                            && !out_set[src_node] =>
-                    {
-                        Some(s)
+                    Src::Slot(s) if x.col == 0 && x.width == w && x.stride == w => {
+                        // The node whose value the slot holds now (after any
+                        // earlier in-place writers), seen through its views.
+                        let holder = slot_value[s];
+                        (reads_through_views(g, &users, &out_set, holder) == Some(1)).then_some(s)
                     }
                     _ => None,
                 }
@@ -316,7 +314,7 @@ impl FusedPlan {
                 }
                 Op::Reshape { .. } | Op::Cast { .. } => (None, v(0)?),
                 Op::Reduce { op, .. } => {
-                    let s = new_slot(&mut slots);
+                    let s = new_slot(&mut slots, &mut slot_value);
                     (Some(FOp::ReduceRow { op: *op, x: v(0)?, out: s }), local(s))
                 }
                 Op::Narrow { start, len, .. } => {
@@ -333,7 +331,7 @@ impl FusedPlan {
                         _ => None,
                     };
                     let bias = if n.inputs.len() > 2 { Some(v(2)?) } else { None };
-                    let s = new_slot(&mut slots);
+                    let s = new_slot(&mut slots, &mut slot_value);
                     let a = v(0)?;
                     if a.map == RowMap::Const && rows != 1 || matches!(a.map, RowMap::Periodic(_)) {
                         return Err(format!("node {parent}: matmul lhs is broadcast over rows"));
@@ -353,16 +351,16 @@ impl FusedPlan {
                 }
                 Op::Activation(act) => {
                     let x = v(0)?;
-                    let s = reuse(x).unwrap_or_else(|| new_slot(&mut slots));
+                    let s = reuse(x).unwrap_or_else(|| new_slot(&mut slots, &mut slot_value));
                     (Some(FOp::Unary { act: *act, x, out: s }), local(s))
                 }
                 Op::Binary(op) => {
                     let (a, b) = (v(0)?, v(1)?);
-                    let s = reuse(a).unwrap_or_else(|| new_slot(&mut slots));
+                    let s = reuse(a).unwrap_or_else(|| new_slot(&mut slots, &mut slot_value));
                     (Some(FOp::Binary { op: *op, a, b, out: s }), local(s))
                 }
                 Op::LayerNorm { eps, .. } | Op::RmsNorm { eps, .. } => {
-                    let s = new_slot(&mut slots);
+                    let s = new_slot(&mut slots, &mut slot_value);
                     let beta = matches!(n.op, Op::LayerNorm { .. }).then(|| v(2)).transpose()?;
                     (
                         Some(FOp::Norm {
@@ -378,7 +376,7 @@ impl FusedPlan {
                     )
                 }
                 Op::FusedResidualLN { has_bias, eps } | Op::FusedResidualRmsNorm { has_bias, eps } => {
-                    let s = new_slot(&mut slots);
+                    let s = new_slot(&mut slots, &mut slot_value);
                     let b = *has_bias as usize;
                     let beta = matches!(n.op, Op::FusedResidualLN { .. })
                         .then(|| v(3 + b))
@@ -397,11 +395,11 @@ impl FusedPlan {
                     )
                 }
                 Op::Softmax { .. } => {
-                    let s = new_slot(&mut slots);
+                    let s = new_slot(&mut slots, &mut slot_value);
                     (Some(FOp::Softmax { x: v(0)?, out: s }), local(s))
                 }
                 Op::FusedSwiGLU { packed } => {
-                    let s = new_slot(&mut slots);
+                    let s = new_slot(&mut slots, &mut slot_value);
                     let (gate, up) = if *packed {
                         let x = v(0)?;
                         let half = x.width / 2;
@@ -419,7 +417,7 @@ impl FusedPlan {
                     (Some(FOp::SwiGlu { gate, up, out: s }), local(s))
                 }
                 Op::Gather { .. } => {
-                    let s = new_slot(&mut slots);
+                    let s = new_slot(&mut slots, &mut slot_value);
                     let t = &g.node(n.inputs[0]).shape;
                     if g.node(n.inputs[1]).shape.numel() != rows {
                         return Err(format!("node {parent}: ids do not cover the segment rows"));
@@ -438,6 +436,9 @@ impl FusedPlan {
                 other => return Err(format!("node {parent}: {} is not lowered", other.name())),
             };
             if let Some(f) = fop {
+                if let Src::Slot(s) = view.src {
+                    slot_value[s] = id;
+                }
                 ops.push((parent, f));
             }
             views[id] = Some(view);
@@ -518,6 +519,25 @@ impl FusedPlan {
             per_chunk.into_par_iter().enumerate().try_for_each(work)
         }
     }
+}
+
+/// How many input slots read `node`'s value, following the views that the
+/// lowering folds (Reshape, Cast, Narrow). `None` if the value escapes as a
+/// segment output.
+fn reads_through_views(g: &Graph, users: &[Vec<NodeId>], out_set: &[bool], node: usize) -> Option<usize> {
+    if out_set[node] {
+        return None;
+    }
+    let mut total = 0;
+    for &u in &users[node] {
+        let un = g.node(u);
+        if matches!(un.op, Op::Reshape { .. } | Op::Cast { .. } | Op::Narrow { .. }) {
+            total += reads_through_views(g, users, out_set, u.index())?;
+        } else {
+            total += un.inputs.iter().filter(|i| i.index() == node).count();
+        }
+    }
+    Some(total)
 }
 
 fn ext_f32<'a>(ins: &[In<'a>], k: usize) -> Result<&'a [f32], String> {

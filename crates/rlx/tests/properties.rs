@@ -111,3 +111,28 @@ proptest! {
         }
     }
 }
+
+#[test]
+/// Regression: in-place epilogues must not overwrite a value that escapes
+/// the segment or is read again (found by the property test).
+fn in_place_chains_respect_escaping_values() {
+    use rlx::ir::Shape;
+    for variant in 0..4 {
+        let mut g = Graph::new("small");
+        let x = g.input("x", Shape::f32(&[1, 3, 4]));
+        let r = g.param("r", Shape::f32(&[4]));
+        let n5 = g.push(Op::RmsNorm { axis: -1, eps: 1e-5 }, vec![x, r]).unwrap();
+        let t = g.push(Op::Activation(Activation::Tanh), vec![n5]).unwrap();
+        let out = if variant >= 1 { g.push(Op::Activation(Activation::Neg), vec![t]).unwrap() } else { t };
+        if variant >= 2 {
+            let b8 = g.param("b8", Shape::f32(&[4]));
+            g.push(Op::Binary(BinaryOp::Add), vec![out, b8]).unwrap();
+        }
+        let y = if variant >= 3 { g.push(Op::Activation(Activation::Abs), vec![out]).unwrap() } else { out };
+        g.set_outputs(vec![y]);
+        let b = random_bindings(&g, &mut Rng::new(3), 1.0);
+        let t = run_session(&Session::new(Device::Cpu), &g, &b);
+        let h = run_session(&Session::new(Device::Cpu).mode(ExecMode::Hybrid), &g, &b);
+        assert_eq!(t, h, "variant {variant}");
+    }
+}
