@@ -30,13 +30,19 @@ fn model_path() -> Option<PathBuf> {
     if p.exists() {
         Some(p)
     } else {
-        println!("skipped: model not fetched ({} missing; run scripts/fetch_models.py smollm2)", p.display());
+        println!(
+            "skipped: model not fetched ({} missing; run scripts/fetch_models.py smollm2)",
+            p.display()
+        );
         None
     }
 }
 
 fn reference() -> Reference {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/smollm2_logits.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/smollm2_logits.json"
+    );
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
@@ -51,19 +57,29 @@ fn check_top10(logits: &[f32], case: &Case, what: &str) {
             case.prompt
         );
     }
-    assert_eq!(argmax(logits), case.top10_next[0].0, "{what} '{}': top-1", case.prompt);
+    assert_eq!(
+        argmax(logits),
+        case.top10_next[0].0,
+        "{what} '{}': top-1",
+        case.prompt
+    );
     println!("{what} '{}': top-10 max |diff| {worst:.5}", case.prompt);
 }
 
 fn run_mode(path: &PathBuf, hybrid: bool) {
     let what = if hybrid { "hybrid" } else { "thunks" };
-    let opts = CpuOptions { hybrid, ..CpuOptions::default() };
+    let opts = CpuOptions {
+        hybrid,
+        ..CpuOptions::default()
+    };
     let mut m = LlamaModel::load_with(path, 64, opts).unwrap();
     let r = reference();
     for case in &r.cases {
         let logits = m.prefill(&case.prompt_ids).unwrap();
         check_top10(&logits, case, what);
-        let ids = m.generate_greedy(&case.prompt_ids, case.greedy_ids.len(), None).unwrap();
+        let ids = m
+            .generate_greedy(&case.prompt_ids, case.greedy_ids.len(), None)
+            .unwrap();
         assert_eq!(ids, case.greedy_ids, "{what} '{}': greedy ids", case.prompt);
     }
 }
@@ -94,8 +110,15 @@ fn decode_steps_match_prefill() {
     for (i, got) in stepped.iter().enumerate() {
         let n = 3 + i;
         let want = m.prefill(&ids[..n]).unwrap();
-        let diff = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        assert!(diff <= 2e-3, "prefix {n}: decode vs prefill max |diff| {diff}");
+        let diff = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            diff <= 2e-3,
+            "prefix {n}: decode vs prefill max |diff| {diff}"
+        );
     }
 }
 
@@ -105,19 +128,37 @@ fn bad_requests_are_typed_errors() {
     let mut m = LlamaModel::load(&path, 8).unwrap();
     let vocab = m.config().vocab;
     let err = m.prefill(&[1, vocab as u32 + 5]).unwrap_err();
-    assert!(matches!(err, LlamaError::TokenOutOfRange { id, position: 1, vocab: v } if id == vocab as u32 + 5 && v == vocab), "{err}");
+    assert!(
+        matches!(err, LlamaError::TokenOutOfRange { id, position: 1, vocab: v } if id == vocab as u32 + 5 && v == vocab),
+        "{err}"
+    );
     assert!(err.to_string().contains(&vocab.to_string()), "{err}");
     assert!(matches!(m.decode(3), Err(LlamaError::NoPrefill)));
     assert!(matches!(m.prefill(&[]), Err(LlamaError::EmptyPrompt)));
-    assert!(matches!(m.prefill(&[1; 9]), Err(LlamaError::ContextOverflow { needed: 9, ctx_len: 8 })));
+    assert!(matches!(
+        m.prefill(&[1; 9]),
+        Err(LlamaError::ContextOverflow {
+            needed: 9,
+            ctx_len: 8
+        })
+    ));
     assert!(matches!(
         m.generate_greedy(&[1; 4], 6, None),
-        Err(LlamaError::ContextOverflow { needed: 9, ctx_len: 8 })
+        Err(LlamaError::ContextOverflow {
+            needed: 9,
+            ctx_len: 8
+        })
     ));
     // Fill the context exactly, then one more decode overflows.
     m.prefill(&[1; 7]).unwrap();
     m.decode(2).unwrap();
-    assert!(matches!(m.decode(2), Err(LlamaError::ContextOverflow { needed: 9, ctx_len: 8 })));
+    assert!(matches!(
+        m.decode(2),
+        Err(LlamaError::ContextOverflow {
+            needed: 9,
+            ctx_len: 8
+        })
+    ));
     // A failed request leaves the model usable.
     assert_eq!(m.prefill(&[1, 2, 3]).unwrap().len(), vocab);
 }

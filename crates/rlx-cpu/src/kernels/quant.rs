@@ -137,10 +137,7 @@ fn gemv(
         return gemv_rows(&ctx, w, out);
     }
     // A few chunks per thread, each at least ~32K multiply-adds.
-    let rows_per_chunk = n
-        .div_ceil(num_threads() * 4)
-        .max(32768 / k.max(1))
-        .max(1);
+    let rows_per_chunk = n.div_ceil(num_threads() * 4).max(32768 / k.max(1)).max(1);
     out.par_chunks_mut(rows_per_chunk)
         .zip(w.par_chunks(rows_per_chunk * rb))
         .try_for_each(|(o, wr)| gemv_rows(&ctx, wr, o))
@@ -274,7 +271,7 @@ mod x86 {
     pub(super) unsafe fn q4_1_dot(row: &[u8], x: &[f32], xsum: &[f32]) -> f32 {
         let nb = row.len() / 20;
         debug_assert!(x.len() >= nb * 32 && xsum.len() >= nb);
-        let mask = _mm_set1_epi8(0x0F);
+        let mask = _mm256_set1_epi32(0x0F);
         let mut acc0 = _mm256_setzero_ps();
         let mut acc1 = _mm256_setzero_ps();
         let mut macc = 0.0f32;
@@ -285,13 +282,14 @@ mod x86 {
             // and elements 32b..32b+32 of `x`, within bounds by the contract.
             let blk = rp.add(b * 20);
             let (d, mn) = f16x2(blk);
-            let qs = _mm_loadu_si128(blk.add(4) as *const __m128i);
-            let lo = _mm_and_si128(qs, mask);
-            let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), mask);
-            let q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-            let q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo)));
-            let q2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-            let q3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)));
+            // Bytes 0..8 and 8..16 widened to i32 lanes: the low nibbles are
+            // elements 0..16, the high nibbles elements 16..32.
+            let z0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.add(4) as *const __m128i));
+            let z1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.add(12) as *const __m128i));
+            let q0 = _mm256_cvtepi32_ps(_mm256_and_si256(z0, mask));
+            let q1 = _mm256_cvtepi32_ps(_mm256_and_si256(z1, mask));
+            let q2 = _mm256_cvtepi32_ps(_mm256_srli_epi32(z0, 4));
+            let q3 = _mm256_cvtepi32_ps(_mm256_srli_epi32(z1, 4));
             let xb = xp.add(b * 32);
             let t0 = _mm256_mul_ps(q0, _mm256_loadu_ps(xb));
             let t1 = _mm256_mul_ps(q1, _mm256_loadu_ps(xb.add(8)));
@@ -388,7 +386,11 @@ mod tests {
         for blk in w.chunks_exact_mut(bb) {
             for &o in scale_offsets {
                 let v = half::f16::from_f32(0.001 + (rng.next() % 1000) as f32 * 6e-5);
-                let v = if scheme == QuantScheme::Q4_1 && o == 2 { -v } else { v };
+                let v = if scheme == QuantScheme::Q4_1 && o == 2 {
+                    -v
+                } else {
+                    v
+                };
                 blk[o..o + 2].copy_from_slice(&v.to_bits().to_le_bytes());
             }
             if scheme == QuantScheme::Q8K {
@@ -412,7 +414,11 @@ mod tests {
             for i in 0..m {
                 let xr = &x[i * k..(i + 1) * k];
                 let want: f64 = xr.iter().zip(&wf).map(|(&a, &b)| a as f64 * b as f64).sum();
-                let mag: f64 = xr.iter().zip(&wf).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                let mag: f64 = xr
+                    .iter()
+                    .zip(&wf)
+                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                    .sum();
                 let got = out[i * n + j] as f64;
                 assert!(
                     (got - want).abs() <= 1e-5 * mag + 1e-30,
@@ -450,5 +456,44 @@ mod tests {
         assert!(dequant_matmul(s, &[0.0; 32], 1, 32, &[0; 67], 2, &mut out, false).is_err());
         assert!(dequant_matmul(s, &[0.0; 32], 1, 32, &[0; 68], 2, &mut out[..1], false).is_err());
         assert!(dequant_matmul(s, &[0.0; 32], 1, 32, &[0; 68], 2, &mut out, false).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use std::time::Instant;
+
+    /// Timing aid: `cargo test -p rlx-cpu --release quant::bench -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn gemv_timing() {
+        for (scheme, n, k) in [
+            (QuantScheme::Q4_1, 1536, 576),
+            (QuantScheme::Q4_1, 576, 1536),
+            (QuantScheme::Q4_1, 576, 576),
+            (QuantScheme::Q8_0, 49152, 576),
+        ] {
+            let rb = scheme.row_bytes(k).unwrap();
+            let mut w = vec![0x11u8; n * rb];
+            for blk in w.chunks_exact_mut(scheme.block_bytes()) {
+                blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
+            }
+            let x = vec![0.5f32; k];
+            let mut out = vec![0.0f32; n];
+            for par in [false, true] {
+                // Minimum over repetitions: the machine may be shared.
+                let mut us = f64::INFINITY;
+                for _ in 0..200 {
+                    let t = Instant::now();
+                    dequant_matmul(scheme, &x, 1, k, &w, n, &mut out, par).unwrap();
+                    us = us.min(t.elapsed().as_secs_f64() * 1e6);
+                }
+                let gbs = (n * rb) as f64 / us / 1e3;
+                println!(
+                    "{scheme:?} n={n} k={k} parallel={par}: {us:.1} us ({gbs:.1} GB/s of weights)"
+                );
+            }
+        }
     }
 }

@@ -1,0 +1,63 @@
+//! Decode speed of SmolLM2-135M (Q4_1): 32 greedy decode steps after a
+//! ~96-token prompt, context 136. Prints ms/token; asserts only that the
+//! steps produce finite logits. For real numbers run it in release:
+//! `cargo test --release -p rlx-models --test llama_speed -- --nocapture`.
+//! Skipped (with a message) when the model file has not been fetched.
+
+use rlx_cpu::CpuOptions;
+use rlx_models::llama::{argmax, LlamaModel};
+use std::path::PathBuf;
+use std::time::Instant;
+
+fn model_path() -> Option<PathBuf> {
+    let dir = std::env::var_os("RLX_MODELS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models")))?;
+    let p = dir.join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        Some(p)
+    } else {
+        println!("skipped: model not fetched ({} missing)", p.display());
+        None
+    }
+}
+
+#[test]
+fn decode_ms_per_token() {
+    let Some(path) = model_path() else { return };
+    let base = [
+        6403u32, 1980, 253, 655, 28, 665, 436, 253, 1838, 8085, 617, 761,
+    ];
+    let prompt: Vec<u32> = base.iter().cycle().take(96).copied().collect();
+    for hybrid in [false, true] {
+        let opts = CpuOptions {
+            hybrid,
+            ..CpuOptions::default()
+        };
+        let mut m = LlamaModel::load_with(&path, 136, opts).unwrap();
+        let t0 = Instant::now();
+        let mut logits = m.prefill(&prompt).unwrap();
+        let prefill = t0.elapsed();
+        // Warm-up step, then 32 timed steps.
+        logits = m.decode(argmax(&logits)).unwrap();
+        let t1 = Instant::now();
+        for _ in 0..32 {
+            logits = m.decode(argmax(&logits)).unwrap();
+            assert!(logits.iter().all(|v| v.is_finite()));
+        }
+        let per = t1.elapsed().as_secs_f64() * 1000.0 / 32.0;
+        println!(
+            "{}: prefill {} tokens {:.1} ms; decode {per:.2} ms/token at context {}..{} ({} threads)",
+            if hybrid { "hybrid" } else { "thunks" },
+            prompt.len(),
+            prefill.as_secs_f64() * 1000.0,
+            prompt.len() + 1,
+            m.position(),
+            rayon_threads(),
+        );
+    }
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
