@@ -34,11 +34,10 @@ pub(crate) fn dequant_matmul(
         dequantize(ty, src, k, dst).map_err(|e| format!("weight row {r}: {e}"))?;
     }
     let xv = x.floats();
-    let m = if k == 0 {
-        prod(&x.dims[..x.dims.len() - 1])
-    } else {
-        xv.len() / k
-    };
+    let m = xv
+        .len()
+        .checked_div(k)
+        .unwrap_or_else(|| prod(&x.dims[..x.dims.len() - 1]));
     let mut out = vec![0.0f64; m * n];
     for i in 0..m {
         let xr = &xv[i * k..(i + 1) * k];

@@ -616,7 +616,7 @@ pub fn run_op(
             };
             let k = in_shapes[0].last_dim();
             let n = dims(1)[0];
-            let m = if k == 0 { 0 } else { x.len() / k };
+            let m = x.len().checked_div(k).unwrap_or(0);
             let o = f32_out(name, &mut out)?;
             quant::dequant_matmul(*scheme, x, m, k, w, n, o, true)
         }
