@@ -36,6 +36,10 @@ pub struct BenchArgs {
     /// Print one JSON line `{"median_ms", "times_ms", "dispatches"}`.
     #[arg(long)]
     json: bool,
+    /// After timing, profile: time per op kind and per step, GFLOP/s and
+    /// GB/s, against a GEMM peak measured now (printed to stderr).
+    #[arg(long)]
+    profile: bool,
 }
 
 /// Run `rlx bench`.
@@ -48,10 +52,19 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let model: &mut CpuModel = match dir {
         None => {
             let (g, _) = graph_for(&cfg, true, b, s, true)?;
-            synthetic = CpuModel::compile(g, &CpuOptions { hybrid, threads: a.threads, ..Default::default() })
-                .map_err(|e| e.to_string())?;
+            synthetic = CpuModel::compile(
+                g,
+                &CpuOptions {
+                    hybrid,
+                    threads: a.threads,
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| e.to_string())?;
             for (name, v) in synthetic_params(&cfg, 1) {
-                synthetic.set_param(&name, TensorRef::F32(&v)).map_err(|e| e.to_string())?;
+                synthetic
+                    .set_param(&name, TensorRef::F32(&v))
+                    .map_err(|e| e.to_string())?;
             }
             &mut synthetic
         }
@@ -59,8 +72,15 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             if !dir.join("model.safetensors").exists() && a.model == "minilm" {
                 crate::fetch("minilm")?;
             }
-            loaded = SentenceEmbedder::load_with(&dir, EmbedOptions { hybrid, threads: a.threads, optimize: true })
-                .map_err(|e| e.to_string())?;
+            loaded = SentenceEmbedder::load_with(
+                &dir,
+                EmbedOptions {
+                    hybrid,
+                    threads: a.threads,
+                    optimize: true,
+                },
+            )
+            .map_err(|e| e.to_string())?;
             loaded.model_for(b, s, false).map_err(|e| e.to_string())?
         }
     };
@@ -93,6 +113,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         model.run(&inputs).map_err(|e| e.to_string())?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
+    if a.profile {
+        profile(model, &inputs, a.iters.clamp(1, 10))?;
+    }
     let mut sorted = times.clone();
     sorted.sort_by(|x, y| x.total_cmp(y));
     let median = sorted[sorted.len() / 2];
@@ -104,7 +127,99 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 "mode": format!("{:?}", a.mode).to_lowercase(), "batch": b, "seq": s})
         );
     } else {
-        println!("{} {}x{} {:?}: median {:.3} ms over {} runs, {} dispatches", a.model, b, s, a.mode, median, times.len(), dispatches);
+        println!(
+            "{} {}x{} {:?}: median {:.3} ms over {} runs, {} dispatches",
+            a.model,
+            b,
+            s,
+            a.mode,
+            median,
+            times.len(),
+            dispatches
+        );
     }
     Ok(())
+}
+
+fn profile(
+    model: &mut CpuModel,
+    inputs: &[(&str, TensorRef<'_>)],
+    runs: usize,
+) -> Result<(), String> {
+    use std::collections::BTreeMap;
+    let peak = rlx::cpu::measure_gemm_peak(300);
+    let mut steps: Vec<rlx::cpu::ProfileEntry> = Vec::new();
+    for r in 0..runs {
+        let (_, p) = model.run_profiled(inputs).map_err(|e| e.to_string())?;
+        if r == 0 {
+            steps = p;
+        } else {
+            for (acc, e) in steps.iter_mut().zip(p) {
+                acc.nanos += e.nanos;
+            }
+        }
+    }
+    for e in &mut steps {
+        e.nanos /= runs as u64;
+    }
+    let total: u64 = steps.iter().map(|e| e.nanos).sum();
+    let total_flops: u64 = steps.iter().map(|e| e.flops).sum();
+    let mut kinds: BTreeMap<&str, (u64, u64, u64, usize)> = BTreeMap::new();
+    for e in &steps {
+        let k = kinds.entry(e.op).or_default();
+        k.0 += e.nanos;
+        k.1 += e.flops;
+        k.2 += e.bytes;
+        k.3 += 1;
+    }
+    let gf = |flops: u64, ns: u64| {
+        if ns == 0 {
+            0.0
+        } else {
+            flops as f64 / ns as f64
+        }
+    };
+    eprintln!(
+        "measured GEMM peak (in-cache sgemm on all {} threads): {peak:.1} GFLOP/s",
+        rayon_threads()
+    );
+    eprintln!(
+        "dispatch time {:.3} ms per run (mean of {runs}), {:.1} GFLOP/s = {:.0}% of peak",
+        total as f64 / 1e6,
+        gf(total_flops, total),
+        100.0 * gf(total_flops, total) / peak
+    );
+    eprintln!(
+        "\n{:<20} {:>6} {:>10} {:>7} {:>9} {:>8}",
+        "op kind", "count", "ms", "%", "GFLOP/s", "GB/s"
+    );
+    let mut by_time: Vec<_> = kinds.into_iter().collect();
+    by_time.sort_by_key(|(_, v)| std::cmp::Reverse(v.0));
+    for (k, (ns, fl, by, c)) in by_time {
+        eprintln!(
+            "{:<20} {:>6} {:>10.3} {:>6.1}% {:>9.1} {:>8.2}",
+            k,
+            c,
+            ns as f64 / 1e6,
+            100.0 * ns as f64 / total.max(1) as f64,
+            gf(fl, ns),
+            by as f64 / ns.max(1) as f64
+        );
+    }
+    eprintln!("\n{:<34} {:>10} {:>9}", "step", "ms", "GFLOP/s");
+    for e in &steps {
+        eprintln!(
+            "{:<34} {:>10.3} {:>9.1}",
+            format!("{} {}", e.op, e.label),
+            e.nanos as f64 / 1e6,
+            gf(e.flops, e.nanos)
+        );
+    }
+    Ok(())
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }

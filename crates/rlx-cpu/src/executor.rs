@@ -24,6 +24,21 @@ pub struct CpuOptions {
     pub poison_freed: bool,
 }
 
+/// Time spent in one dispatch of a profiled run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileEntry {
+    /// The node (thunk) or `segment %a..=%b` (compiled step).
+    pub label: String,
+    /// Op name, or `CompiledSegment`.
+    pub op: &'static str,
+    /// Wall time in nanoseconds.
+    pub nanos: u64,
+    /// Floating-point work (see `rlx_ir::cost`).
+    pub flops: u64,
+    /// Bytes read and written at the step boundary.
+    pub bytes: u64,
+}
+
 /// One planned graph with its arena.
 struct Core {
     graph: Graph,
@@ -32,6 +47,8 @@ struct Core {
     mem: MemoryPlan,
     arena: Vec<u64>,
     scratch_bytes: usize,
+    /// Collects per-dispatch timings while `Some`.
+    profile: Option<Vec<ProfileEntry>>,
 }
 
 /// Whether the CPU runs `node` as an alias of its first input, and at which byte offset.
@@ -71,9 +88,12 @@ impl Core {
                 }),
             }
         }
-        let mem = plan_memory(&graph, &ticks, |n| cpu_view(&graph, n), |n| {
-            matches!(n.op, Op::CacheWrite { .. })
-        });
+        let mem = plan_memory(
+            &graph,
+            &ticks,
+            |n| cpu_view(&graph, n),
+            |n| matches!(n.op, Op::CacheWrite { .. }),
+        );
         let scratch_bytes = plan
             .steps
             .iter()
@@ -89,6 +109,7 @@ impl Core {
             report: plan.report,
             mem,
             scratch_bytes,
+            profile: None,
         })
     }
 
@@ -108,7 +129,8 @@ impl Core {
     ) -> Result<Vec<Tensor>, RuntimeError> {
         for (&id, data) in inputs {
             if let Some(r) = self.region(id) {
-                let dst = region_mut(&mut self.arena, r).ok_or_else(|| internal(id, "input slot"))?;
+                let dst =
+                    region_mut(&mut self.arena, r).ok_or_else(|| internal(id, "input slot"))?;
                 dst.copy_from_slice(ref_bytes(data));
             }
         }
@@ -117,8 +139,12 @@ impl Core {
             steps,
             mem,
             arena,
+            profile,
             ..
         } = self;
+        let shapes_of = |n: &Node| -> Vec<&rlx_ir::Shape> {
+            n.inputs.iter().map(|&i| &graph.node(i).shape).collect()
+        };
         let regions: Vec<Option<Region>> = graph
             .nodes()
             .iter()
@@ -146,7 +172,18 @@ impl Core {
                         let p = mem.placements[node.id.index()]
                             .ok_or_else(|| internal(node.id, "no arena slot"))?;
                         if p.root == node.id {
+                            let t0 = std::time::Instant::now();
                             run_thunk(graph, node, &regions, arena, params)?;
+                            if let Some(prof) = profile.as_mut() {
+                                let ins = shapes_of(node);
+                                prof.push(ProfileEntry {
+                                    label: node.id.to_string(),
+                                    op: node.op.name(),
+                                    nanos: t0.elapsed().as_nanos() as u64,
+                                    flops: rlx_ir::cost::flops(&node.op, &ins, &node.shape),
+                                    bytes: rlx_ir::cost::bytes(&ins, &node.shape),
+                                });
+                            }
                         }
                         if poison {
                             poison_tick(mem, &regions, arena, tick);
@@ -160,17 +197,50 @@ impl Core {
                     let outs: Vec<Region> = segment
                         .boundary_outputs
                         .iter()
-                        .map(|&o| regions[o.index()].ok_or_else(|| internal(o, "segment output slot")))
+                        .map(|&o| {
+                            regions[o.index()].ok_or_else(|| internal(o, "segment output slot"))
+                        })
                         .collect::<Result<_, _>>()?;
                     let (srcs, arena_ins) = sources(graph, &segment.boundary_inputs, &regions);
                     let (outs, ins) = split_io(arena, &outs, &arena_ins)
                         .ok_or_else(|| internal(segment.nodes[0], "segment regions overlap"))?;
                     let ins = resolve(graph, &srcs, ins, params)?;
-                    lowered.run(&ins, outs).map_err(|(node, message)| RuntimeError::Kernel {
-                        node,
-                        op: graph.node(node).op.name().to_string(),
-                        message,
-                    })?;
+                    let t0 = std::time::Instant::now();
+                    lowered
+                        .run(&ins, outs)
+                        .map_err(|(node, message)| RuntimeError::Kernel {
+                            node,
+                            op: graph.node(node).op.name().to_string(),
+                            message,
+                        })?;
+                    if let Some(prof) = profile.as_mut() {
+                        let flops = segment
+                            .nodes
+                            .iter()
+                            .map(|&id| {
+                                let n = graph.node(id);
+                                rlx_ir::cost::flops(&n.op, &shapes_of(n), &n.shape)
+                            })
+                            .sum();
+                        let bytes = segment
+                            .boundary_inputs
+                            .iter()
+                            .chain(&segment.boundary_outputs)
+                            .map(|&id| graph.node(id).shape.size_bytes() as u64)
+                            .sum();
+                        prof.push(ProfileEntry {
+                            label: format!(
+                                "segment {}..={} ({} ops)",
+                                segment.nodes[0],
+                                segment.nodes[segment.nodes.len() - 1],
+                                segment.nodes.len()
+                            ),
+                            op: "CompiledSegment",
+                            nanos: t0.elapsed().as_nanos() as u64,
+                            flops,
+                            bytes,
+                        });
+                    }
                     if poison {
                         poison_tick(mem, &regions, arena, tick);
                     }
@@ -185,7 +255,8 @@ impl Core {
                     let b = region(arena, r).ok_or_else(|| internal(o, "output slot"))?;
                     Ok(tensor_from_bytes(&graph.node(o).shape, b))
                 }
-                None => external(graph, graph.node(o), params).map(|i| tensor_from_in(&graph.node(o).shape, i)),
+                None => external(graph, graph.node(o), params)
+                    .map(|i| tensor_from_in(&graph.node(o).shape, i)),
             })
             .collect()
     }
@@ -219,7 +290,9 @@ fn sources(graph: &Graph, ids: &[NodeId], regions: &[Option<Region>]) -> (Vec<Sr
     let srcs = ids
         .iter()
         .map(|&i| match regions[i.index()] {
-            Some(r) if !graph.node(i).op.is_leaf() || matches!(graph.node(i).op, Op::Input { .. }) => {
+            Some(r)
+                if !graph.node(i).op.is_leaf() || matches!(graph.node(i).op, Op::Input { .. }) =>
+            {
                 arena.push(r);
                 Src::Arena(arena.len() - 1)
             }
@@ -250,13 +323,15 @@ fn external<'a>(
 ) -> Result<In<'a>, RuntimeError> {
     match &node.op {
         Op::CacheWrite { .. } => external(graph, graph.node(node.inputs[0]), params),
-        Op::Param { name } => params
-            .get(name)
-            .map(tensor_in)
-            .ok_or_else(|| RuntimeError::MissingParam {
-                name: name.clone(),
-                shape: node.shape.clone(),
-            }),
+        Op::Param { name } => {
+            params
+                .get(name)
+                .map(tensor_in)
+                .ok_or_else(|| RuntimeError::MissingParam {
+                    name: name.clone(),
+                    shape: node.shape.clone(),
+                })
+        }
         Op::Constant { value } => Ok(tensor_in(value)),
         _ => Err(internal(node.id, "value has no home")),
     }
@@ -271,8 +346,8 @@ fn run_thunk(
 ) -> Result<(), RuntimeError> {
     let out = regions[node.id.index()].ok_or_else(|| internal(node.id, "thunk output slot"))?;
     let (srcs, arena_ins) = sources(graph, &node.inputs, regions);
-    let (mut outs, ins) =
-        split_io(arena, &[out], &arena_ins).ok_or_else(|| internal(node.id, "thunk regions overlap"))?;
+    let (mut outs, ins) = split_io(arena, &[out], &arena_ins)
+        .ok_or_else(|| internal(node.id, "thunk regions overlap"))?;
     let ins = resolve(graph, &srcs, ins, params)?;
     let shapes: Vec<&rlx_ir::Shape> = node.inputs.iter().map(|&i| &graph.node(i).shape).collect();
     let out = outs.pop().expect("one output region");
@@ -300,7 +375,8 @@ fn cache_write(
         return Err(fail("the cache input must be a Param".into()));
     };
     let (srcs, arena_ins) = sources(graph, &node.inputs[1..], regions);
-    let (_, ins) = split_io(arena, &[], &arena_ins).ok_or_else(|| internal(node.id, "cache inputs"))?;
+    let (_, ins) =
+        split_io(arena, &[], &arena_ins).ok_or_else(|| internal(node.id, "cache inputs"))?;
     let rows: Vec<f32>;
     let pos: i64;
     {
@@ -323,10 +399,12 @@ fn cache_write(
             "position {pos} + {n} rows does not fit the cache '{name}' {shape} (context {ctx})"
         )));
     }
-    let cache = params.get_mut(name).ok_or_else(|| RuntimeError::MissingParam {
-        name: name.clone(),
-        shape: shape.clone(),
-    })?;
+    let cache = params
+        .get_mut(name)
+        .ok_or_else(|| RuntimeError::MissingParam {
+            name: name.clone(),
+            shape: shape.clone(),
+        })?;
     let TensorData::F32(data) = std::sync::Arc::make_mut(&mut cache.data) else {
         return Err(fail(format!("cache '{name}' is not f32")));
     };
@@ -474,7 +552,13 @@ impl CpuModel {
         let mut prep_map: HashMap<NodeId, NodeId> = HashMap::new();
         for n in graph.nodes() {
             if is_static[n.id.index()] {
-                main.add_node(Op::Param { name: static_name(n.id) }, vec![], n.shape.clone());
+                main.add_node(
+                    Op::Param {
+                        name: static_name(n.id),
+                    },
+                    vec![],
+                    n.shape.clone(),
+                );
                 for &i in &n.inputs {
                     prep_map.entry(i).or_insert_with(|| {
                         let leaf = graph.node(i);
@@ -482,7 +566,10 @@ impl CpuModel {
                     });
                 }
                 let ins = n.inputs.iter().map(|i| prep_map[i]).collect();
-                prep_map.insert(n.id, prep_graph.add_node(n.op.clone(), ins, n.shape.clone()));
+                prep_map.insert(
+                    n.id,
+                    prep_graph.add_node(n.op.clone(), ins, n.shape.clone()),
+                );
             } else {
                 main.add_node(n.op.clone(), n.inputs.clone(), n.shape.clone());
             }
@@ -538,6 +625,18 @@ impl CpuModel {
         self.core.mem.check_no_overlap()
     }
 
+    /// Run once, timing every dispatch. Returns the outputs and one entry
+    /// per compiled segment and per executed thunk, in order.
+    pub fn run_profiled(
+        &mut self,
+        inputs: &[(&str, TensorRef<'_>)],
+    ) -> Result<(Vec<Tensor>, Vec<ProfileEntry>), RuntimeError> {
+        self.core.profile = Some(Vec::new());
+        let r = Executable::run(self, inputs);
+        let prof = self.core.profile.take().unwrap_or_default();
+        r.map(|o| (o, prof))
+    }
+
     /// The graph actually executed (param-only nodes replaced by `%static.N` params).
     pub fn graph(&self) -> &Graph {
         &self.core.graph
@@ -550,7 +649,12 @@ impl CpuModel {
             let Some((_, id, shape)) = self.inputs.iter().find(|(n, _, _)| n == name) else {
                 return Err(RuntimeError::UnknownInput {
                     name: name.to_string(),
-                    known: self.inputs.iter().map(|i| i.0.as_str()).collect::<Vec<_>>().join(", "),
+                    known: self
+                        .inputs
+                        .iter()
+                        .map(|i| i.0.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
                 });
             };
             if !seen.insert(*name) {
@@ -561,7 +665,11 @@ impl CpuModel {
             check_buffer(name, shape, data)?;
             bound.insert(*id, *data);
         }
-        if let Some((name, _, shape)) = self.inputs.iter().find(|(n, _, _)| !seen.contains(n.as_str())) {
+        if let Some((name, _, shape)) = self
+            .inputs
+            .iter()
+            .find(|(n, _, _)| !seen.contains(n.as_str()))
+        {
             return Err(RuntimeError::MissingInput {
                 name: name.clone(),
                 shape: shape.clone(),
@@ -581,7 +689,9 @@ impl CpuModel {
         }
         if self.dirty {
             if let Some(prep) = &mut self.prep {
-                let outs = prep.core.execute(&HashMap::new(), &mut self.params, false)?;
+                let outs = prep
+                    .core
+                    .execute(&HashMap::new(), &mut self.params, false)?;
                 for (name, t) in prep.names.iter().zip(outs) {
                     self.params.insert(name.clone(), t);
                 }
@@ -599,7 +709,8 @@ impl Executable for CpuModel {
             .get(name)
             .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
         check_buffer(name, shape, &value)?;
-        self.params.insert(name.to_string(), ref_to_tensor(shape, value));
+        self.params
+            .insert(name.to_string(), ref_to_tensor(shape, value));
         self.dirty = true;
         Ok(())
     }

@@ -10,6 +10,8 @@ mod arena;
 mod executor;
 mod fused;
 pub mod kernels;
+mod peak;
 
-pub use executor::{CpuModel, CpuOptions};
+pub use executor::{CpuModel, CpuOptions, ProfileEntry};
 pub use fused::{FusedCompiler, FusedPlan};
+pub use peak::measure_gemm_peak;

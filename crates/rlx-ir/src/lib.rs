@@ -5,6 +5,7 @@
 //! every node and returns a structured [`IrError`]. The `rlx-ref` crate holds the naive
 //! reference interpreter that every backend is tested against.
 
+pub mod cost;
 mod dtype;
 mod error;
 mod graph;
