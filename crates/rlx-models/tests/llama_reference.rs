@@ -5,7 +5,8 @@
 //! Skipped (with a message) when the model file has not been fetched.
 
 use rlx_cpu::CpuOptions;
-use rlx_models::llama::{argmax, LlamaError, LlamaModel};
+use rlx_formats::GgufFile;
+use rlx_models::llama::{argmax, LlamaConfig, LlamaError, LlamaModel, LlamaWeights};
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -94,6 +95,28 @@ fn smollm2_matches_reference_thunks() {
 fn smollm2_matches_reference_hybrid() {
     let Some(path) = model_path() else { return };
     run_mode(&path, true);
+}
+
+#[test]
+fn unmerged_projections_match_reference() {
+    let Some(path) = model_path() else { return };
+    let f = GgufFile::open(&path).unwrap();
+    let cfg = LlamaConfig::from_gguf(&f).unwrap();
+    let w = LlamaWeights::load_unmerged(&f, &cfg).unwrap();
+    assert!(w.linears.contains_key("blk.0.attn_q.weight"));
+    let mut m = LlamaModel::from_weights(w, 64, CpuOptions::default()).unwrap();
+    let r = reference();
+    for case in &r.cases {
+        let logits = m.prefill(&case.prompt_ids).unwrap();
+        check_top10(&logits, case, "unmerged");
+        let ids = m.generate_greedy(&case.prompt_ids, 8, None).unwrap();
+        assert_eq!(
+            ids,
+            case.greedy_ids[..8],
+            "unmerged '{}': greedy ids",
+            case.prompt
+        );
+    }
 }
 
 #[test]

@@ -29,28 +29,45 @@ fn decode_ms_per_token() {
         6403u32, 1980, 253, 655, 28, 665, 436, 253, 1838, 8085, 617, 761,
     ];
     let prompt: Vec<u32> = base.iter().cycle().take(96).copied().collect();
+    // RLX_SPEED_STEPS overrides the number of timed steps (e.g. for perf).
+    let steps: usize = std::env::var("RLX_SPEED_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(32);
     for hybrid in [false, true] {
         let opts = CpuOptions {
             hybrid,
             ..CpuOptions::default()
         };
-        let mut m = LlamaModel::load_with(&path, 136, opts).unwrap();
+        let mut m = LlamaModel::load_with(&path, 97 + steps + 8, opts).unwrap();
+        // The first prefill of a length also compiles its graph.
+        let t0 = Instant::now();
+        m.prefill(&prompt).unwrap();
+        let first = t0.elapsed();
         let t0 = Instant::now();
         let mut logits = m.prefill(&prompt).unwrap();
         let prefill = t0.elapsed();
         // Warm-up step, then 32 timed steps.
         logits = m.decode(argmax(&logits)).unwrap();
         let t1 = Instant::now();
-        for _ in 0..32 {
+        let mut times = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            let t = Instant::now();
             logits = m.decode(argmax(&logits)).unwrap();
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
             assert!(logits.iter().all(|v| v.is_finite()));
         }
-        let per = t1.elapsed().as_secs_f64() * 1000.0 / 32.0;
+        let per = t1.elapsed().as_secs_f64() * 1000.0 / steps as f64;
+        times.sort_by(f64::total_cmp);
+        let median = times[times.len() / 2];
         println!(
-            "{}: prefill {} tokens {:.1} ms; decode {per:.2} ms/token at context {}..{} ({} threads)",
+            "{}: prefill {} tokens {:.1} ms (first, with compile: {:.1} ms); decode mean {per:.2} \
+             ms/token, median {median:.2}, min {:.2} at context {}..{} ({} threads)",
             if hybrid { "hybrid" } else { "thunks" },
             prompt.len(),
             prefill.as_secs_f64() * 1000.0,
+            first.as_secs_f64() * 1000.0,
+            times[0],
             prompt.len() + 1,
             m.position(),
             rayon_threads(),

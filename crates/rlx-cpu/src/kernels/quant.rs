@@ -479,19 +479,22 @@ mod bench {
             for blk in w.chunks_exact_mut(scheme.block_bytes()) {
                 blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
             }
-            let x = vec![0.5f32; k];
-            let mut out = vec![0.0f32; n];
-            for par in [false, true] {
+            let x = vec![0.5f32; k * 96];
+            let mut out = vec![0.0f32; n * 96];
+            for (m, par) in [(1, false), (1, true), (96, true)] {
+                let (x, out) = (&x[..m * k], &mut out[..m * n]);
                 // Minimum over repetitions: the machine may be shared.
                 let mut us = f64::INFINITY;
-                for _ in 0..200 {
+                for _ in 0..if m == 1 { 200 } else { 10 } {
                     let t = Instant::now();
-                    dequant_matmul(scheme, &x, 1, k, &w, n, &mut out, par).unwrap();
+                    dequant_matmul(scheme, x, m, k, &w, n, out, par).unwrap();
                     us = us.min(t.elapsed().as_secs_f64() * 1e6);
                 }
                 let gbs = (n * rb) as f64 / us / 1e3;
+                let gf = (m * n * k) as f64 * 2.0 / us / 1e3;
                 println!(
-                    "{scheme:?} n={n} k={k} parallel={par}: {us:.1} us ({gbs:.1} GB/s of weights)"
+                    "{scheme:?} m={m} n={n} k={k} parallel={par}: {us:.1} us \
+                     ({gbs:.1} GB/s of weights, {gf:.1} GFLOP/s)"
                 );
             }
         }

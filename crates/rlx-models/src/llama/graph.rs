@@ -3,7 +3,10 @@
 //! Per block: `RmsNorm -> q/k/v -> Rope(q, k) -> CacheWrite(k, v) ->
 //! Attention -> o -> Add`, then `RmsNorm -> gate/up -> Silu(gate) * up ->
 //! down -> Add`; then the final `RmsNorm` and the head. Linear layers are
-//! `DequantMatMul` on packed weights (or `MatMul` on float weights).
+//! `DequantMatMul` on packed weights (or `MatMul` on float weights). When
+//! the weights hold merged projections ([`LlamaWeights::merge_projections`]),
+//! q/k/v come from one `DequantMatMul` split with `Narrow`, and gate/up from
+//! one `DequantMatMul` feeding `FusedSwiGLU { packed: true }`.
 //!
 //! Inputs:
 //! - prefill (`S` tokens at positions `0..S`): `ids` i64 `[1, S]`, `pos`
@@ -19,7 +22,7 @@
 //! (k after rope), updated in place by `CacheWrite`. The single output is the
 //! logits f32 `[1, 1, vocab]` of the last position.
 
-use super::weights::EMBED_TABLE;
+use super::weights::{gate_up_name, qkv_name, EMBED_TABLE};
 use super::{Linear, LlamaError, LlamaWeights};
 use rlx_ir::{Activation, BinaryOp, DType, Graph, MaskKind, NodeId, Op, RopeStyle, Shape, Tensor};
 use std::collections::HashMap;
@@ -84,6 +87,18 @@ impl Builder<'_> {
         })
     }
 
+    /// Columns `start..start + len` of the last axis (2) of a `[1, S, N]` value.
+    fn narrow(&mut self, x: NodeId, start: usize, len: usize) -> Result<NodeId, LlamaError> {
+        Ok(self.g.push(
+            Op::Narrow {
+                axis: 2,
+                start,
+                len,
+            },
+            vec![x],
+        )?)
+    }
+
     fn rms_norm(&mut self, x: NodeId, name: &str) -> Result<NodeId, LlamaError> {
         let gamma = self.param(name)?;
         let eps = self.w.config.rms_eps;
@@ -133,9 +148,19 @@ pub fn build_graph(
     for l in 0..c.n_layers {
         let p = |s: &str| format!("blk.{l}.{s}.weight");
         let h = b.rms_norm(x, &p("attn_norm"))?;
-        let q = b.linear(h, &p("attn_q"))?;
-        let k = b.linear(h, &p("attn_k"))?;
-        let v = b.linear(h, &p("attn_v"))?;
+        let (q, k, v) = if b.w.linears.contains_key(&qkv_name(l)) {
+            let qkv = b.linear(h, &qkv_name(l))?;
+            let (dq, dkv) = (c.d_model, c.kv_dim());
+            let q = b.narrow(qkv, 0, dq)?;
+            let k = b.narrow(qkv, dq, dkv)?;
+            let v = b.narrow(qkv, dq + dkv, dkv)?;
+            (q, k, v)
+        } else {
+            let q = b.linear(h, &p("attn_q"))?;
+            let k = b.linear(h, &p("attn_k"))?;
+            let v = b.linear(h, &p("attn_v"))?;
+            (q, k, v)
+        };
         let q = b.g.push(rope.clone(), vec![q, pos])?;
         let k = b.g.push(rope.clone(), vec![k, pos])?;
         let (ck_name, cv_name) = cache_names(l);
@@ -159,10 +184,15 @@ pub fn build_graph(
         let o = b.linear(a, &p("attn_output"))?;
         x = b.g.push(Op::Binary(BinaryOp::Add), vec![x, o])?;
         let h = b.rms_norm(x, &p("ffn_norm"))?;
-        let gate = b.linear(h, &p("ffn_gate"))?;
-        let up = b.linear(h, &p("ffn_up"))?;
-        let gate = b.g.push(Op::Activation(Activation::Silu), vec![gate])?;
-        let act = b.g.push(Op::Binary(BinaryOp::Mul), vec![gate, up])?;
+        let act = if b.w.linears.contains_key(&gate_up_name(l)) {
+            let gu = b.linear(h, &gate_up_name(l))?;
+            b.g.push(Op::FusedSwiGLU { packed: true }, vec![gu])?
+        } else {
+            let gate = b.linear(h, &p("ffn_gate"))?;
+            let up = b.linear(h, &p("ffn_up"))?;
+            let gate = b.g.push(Op::Activation(Activation::Silu), vec![gate])?;
+            b.g.push(Op::Binary(BinaryOp::Mul), vec![gate, up])?
+        };
         let down = b.linear(act, &p("ffn_down"))?;
         x = b.g.push(Op::Binary(BinaryOp::Add), vec![x, down])?;
     }

@@ -22,7 +22,7 @@ pub use config::LlamaConfig;
 pub use error::LlamaError;
 pub use generate::{argmax, LlamaModel};
 pub use graph::{build_graph, cache_names, Phase};
-pub use weights::{Linear, LlamaWeights};
+pub use weights::{gate_up_name, qkv_name, Linear, LlamaWeights, EMBED_TABLE};
 
 #[allow(unused_imports)]
 use rlx_ir::RopeStyle;

@@ -35,6 +35,16 @@ pub enum Linear {
     },
 }
 
+/// Name of layer `l`'s merged q/k/v projection (rows `[q | k | v]`).
+pub fn qkv_name(l: usize) -> String {
+    format!("blk.{l}.attn_qkv.weight")
+}
+
+/// Name of layer `l`'s merged gate/up projection (rows `[gate | up]`).
+pub fn gate_up_name(l: usize) -> String {
+    format!("blk.{l}.ffn_gate_up.weight")
+}
+
 /// Every param of a Llama graph, by name, with how each linear is bound.
 #[derive(Debug, Clone)]
 pub struct LlamaWeights {
@@ -50,8 +60,71 @@ pub struct LlamaWeights {
 }
 
 impl LlamaWeights {
-    /// Load and check every tensor of `f` for `config`.
+    /// Load and check every tensor of `f` for `config`, then merge each
+    /// layer's q/k/v and gate/up projections into one packed weight where
+    /// they share a block format (see [`merge_projections`](Self::merge_projections)).
     pub fn load(f: &GgufFile, config: &LlamaConfig) -> Result<LlamaWeights, LlamaError> {
+        let mut w = Self::load_unmerged(f, config)?;
+        w.merge_projections();
+        Ok(w)
+    }
+
+    /// Merge, per layer, `attn_q|attn_k|attn_v` into [`qkv_name`] and
+    /// `ffn_gate|ffn_up` into [`gate_up_name`] by concatenating their packed
+    /// rows, when the parts are all block-quantized with one scheme. One
+    /// `DequantMatMul` then replaces three (or two): fewer passes over the
+    /// activations and fewer parallel dispatches per token. The parts are
+    /// removed; the graph builder uses whichever form is present.
+    pub fn merge_projections(&mut self) {
+        for l in 0..self.config.n_layers {
+            let p = |s: &str| format!("blk.{l}.{s}.weight");
+            self.merge(&[p("attn_q"), p("attn_k"), p("attn_v")], qkv_name(l));
+            self.merge(&[p("ffn_gate"), p("ffn_up")], gate_up_name(l));
+        }
+    }
+
+    fn merge(&mut self, parts: &[String], merged: String) {
+        let mut scheme0 = None;
+        let mut k0 = 0;
+        let mut n_total = 0;
+        for name in parts {
+            match self.linears.get(name) {
+                Some(&Linear::Quant { scheme, n, k })
+                    if scheme0.map_or(true, |s| s == scheme && k == k0) =>
+                {
+                    scheme0 = Some(scheme);
+                    k0 = k;
+                    n_total += n;
+                }
+                _ => return,
+            }
+        }
+        let Some(scheme) = scheme0 else { return };
+        let mut bytes = Vec::new();
+        for name in parts {
+            if let Some(t) = self.tensors.remove(name) {
+                if let rlx_ir::TensorData::U8(b) = &*t.data {
+                    bytes.extend_from_slice(b);
+                }
+            }
+            self.linears.remove(name);
+        }
+        let rb = bytes.len() / n_total.max(1);
+        self.tensors
+            .insert(merged.clone(), Tensor::u8(&[n_total, rb], bytes));
+        self.linears.insert(
+            merged,
+            Linear::Quant {
+                scheme,
+                n: n_total,
+                k: k0,
+            },
+        );
+    }
+
+    /// Load and check every tensor of `f` for `config`, one param per
+    /// GGUF tensor (no merged projections).
+    pub fn load_unmerged(f: &GgufFile, config: &LlamaConfig) -> Result<LlamaWeights, LlamaError> {
         let c = config;
         let mut w = LlamaWeights {
             config: c.clone(),
