@@ -96,7 +96,7 @@ impl GdnConfig {
             || self.num_k_heads == 0
             || self.head_dim == 0
             || self.conv_kernel < 2
-            || self.num_v_heads % self.num_k_heads != 0
+            || !self.num_v_heads.is_multiple_of(self.num_k_heads)
             || self.num_v_heads == 0;
         if bad {
             return Err(IrError::Shape {
@@ -123,12 +123,23 @@ pub struct GdnBlockOut {
     pub ssm_state: NodeId,
 }
 
-fn narrow(g: &mut Graph, x: NodeId, axis: usize, start: usize, len: usize) -> Result<NodeId, IrError> {
+fn narrow(
+    g: &mut Graph,
+    x: NodeId,
+    axis: usize,
+    start: usize,
+    len: usize,
+) -> Result<NodeId, IrError> {
     g.push(Op::Narrow { axis, start, len }, vec![x])
 }
 
 fn reshape(g: &mut Graph, x: NodeId, dims: &[usize]) -> Result<NodeId, IrError> {
-    g.push(Op::Reshape { shape: dims.to_vec() }, vec![x])
+    g.push(
+        Op::Reshape {
+            shape: dims.to_vec(),
+        },
+        vec![x],
+    )
 }
 
 fn bin(g: &mut Graph, op: BinaryOp, a: NodeId, b: NodeId) -> Result<NodeId, IrError> {
@@ -172,7 +183,12 @@ pub fn gdn_block(
     cfg.check(NodeId(g.len() as u32))?;
     let xs = g.node(x).shape.dims.clone();
     let (b, s) = (xs[0], xs[1]);
-    let (hk, hv, n, kk) = (cfg.num_k_heads, cfg.num_v_heads, cfg.head_dim, cfg.conv_kernel);
+    let (hk, hv, n, kk) = (
+        cfg.num_k_heads,
+        cfg.num_v_heads,
+        cfg.head_dim,
+        cfg.conv_kernel,
+    );
     let (kd, vd, c) = (cfg.key_dim(), cfg.value_dim(), cfg.conv_dim());
     let f = |d: &[usize]| Shape::f32(d);
     let p = |g: &mut Graph, name: &str, d: &[usize]| g.param(&format!("{prefix}.{name}"), f(d));
@@ -182,7 +198,9 @@ pub fn gdn_block(
     let w_ba = p(g, "in_proj_ba", &[cfg.hidden, 2 * hv]);
     let dt_bias = p(g, "dt_bias", &[hv]);
     let a_neg = p(g, "A", &[hv]);
-    let taps: Vec<NodeId> = (0..kk).map(|j| p(g, &format!("conv_w.{j}"), &[c])).collect();
+    let taps: Vec<NodeId> = (0..kk)
+        .map(|j| p(g, &format!("conv_w.{j}"), &[c]))
+        .collect();
     let norm_w = p(g, "norm", &[n]);
     let w_out = p(g, "out_proj", &[vd, cfg.hidden]);
     let eps = g.constant(Tensor::f32(&[1], vec![1e-6]));
@@ -369,7 +387,10 @@ fn attention_block(
 ) -> Result<NodeId, IrError> {
     let d = cfg.gdn.hidden;
     let (hq, hkv, hd) = (cfg.attn_heads, cfg.attn_kv_heads, cfg.attn_head_dim);
-    let w_qkv = g.param(&format!("{pre}.attn.qkv_proj"), Shape::f32(&[d, (hq + 2 * hkv) * hd]));
+    let w_qkv = g.param(
+        &format!("{pre}.attn.qkv_proj"),
+        Shape::f32(&[d, (hq + 2 * hkv) * hd]),
+    );
     let w_o = g.param(&format!("{pre}.attn.o_proj"), Shape::f32(&[hq * hd, d]));
     let qkv = g.push(Op::MatMul, vec![x, w_qkv])?;
     let q = narrow(g, qkv, 2, 0, hq * hd)?;
@@ -414,7 +435,13 @@ pub fn hybrid_graph(cfg: &HybridConfig, batch: usize, seq: usize) -> Result<Grap
     let mut state_outs = Vec::new();
     let norm = |g: &mut Graph, name: String, x: NodeId| -> Result<NodeId, IrError> {
         let w = g.param(&name, Shape::f32(&[d]));
-        g.push(Op::RmsNorm { axis: -1, eps: cfg.eps }, vec![x, w])
+        g.push(
+            Op::RmsNorm {
+                axis: -1,
+                eps: cfg.eps,
+            },
+            vec![x, w],
+        )
     };
     for l in 0..cfg.num_layers() {
         let pre = format!("layers.{l}");
@@ -422,8 +449,14 @@ pub fn hybrid_graph(cfg: &HybridConfig, batch: usize, seq: usize) -> Result<Grap
         let mixed = if HybridConfig::is_attention(l) {
             attention_block(&mut g, cfg, &pre, xn, pos)?
         } else {
-            let cs = g.input(&format!("{pre}.conv_state"), Shape::f32(&cfg.gdn.conv_state_dims(batch)));
-            let ss = g.input(&format!("{pre}.ssm_state"), Shape::f32(&cfg.gdn.ssm_state_dims(batch)));
+            let cs = g.input(
+                &format!("{pre}.conv_state"),
+                Shape::f32(&cfg.gdn.conv_state_dims(batch)),
+            );
+            let ss = g.input(
+                &format!("{pre}.ssm_state"),
+                Shape::f32(&cfg.gdn.ssm_state_dims(batch)),
+            );
             let o = gdn_block(&mut g, &cfg.gdn, &format!("{pre}.gdn"), xn, cs, ss)?;
             state_outs.push(o.conv_state);
             state_outs.push(o.ssm_state);
@@ -474,7 +507,8 @@ pub fn synthetic_weights(g: &Graph, seed: u64) -> HashMap<String, Tensor> {
         let numel = node.shape.numel();
         let leaf = name.rsplit('.').next().unwrap_or(name);
         let parent = name.rsplit('.').nth(1).unwrap_or("");
-        let mut gen = |f: &dyn Fn(f32) -> f32| -> Vec<f32> { (0..numel).map(|_| f(rng.uniform())).collect() };
+        let mut gen =
+            |f: &dyn Fn(f32) -> f32| -> Vec<f32> { (0..numel).map(|_| f(rng.uniform())).collect() };
         let data = if parent == "conv_w" {
             gen(&|u| 0.5 * u)
         } else if leaf == "A" {

@@ -21,6 +21,7 @@ struct Args {
     prefill: usize,
     out: String,
     small: bool,
+    diag: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -29,15 +30,21 @@ fn parse_args() -> Result<Args, String> {
         prefill: 512,
         out: "bench/results".into(),
         small: false,
+        diag: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut val = |f: &str| it.next().ok_or(format!("{f} needs a value"));
         match flag.as_str() {
             "--runs" => a.runs = val("--runs")?.parse().map_err(|e| format!("--runs: {e}"))?,
-            "--prefill" => a.prefill = val("--prefill")?.parse().map_err(|e| format!("--prefill: {e}"))?,
+            "--prefill" => {
+                a.prefill = val("--prefill")?
+                    .parse()
+                    .map_err(|e| format!("--prefill: {e}"))?
+            }
             "--out" => a.out = val("--out")?,
             "--small" => a.small = true,
+            "--diag" => a.diag = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -75,7 +82,11 @@ fn f32s(t: &Tensor) -> &[f32] {
     }
 }
 
-fn compile(g: &Graph, mode: ExecMode, w: &HashMap<String, Tensor>) -> Result<CompiledModel, rlx::Error> {
+fn compile(
+    g: &Graph,
+    mode: ExecMode,
+    w: &HashMap<String, Tensor>,
+) -> Result<CompiledModel, rlx::Error> {
     let mut m = Session::new(Device::Cpu).mode(mode).compile(g.clone())?;
     for (name, t) in w {
         m.set_param(name, f32s(t))?;
@@ -83,8 +94,14 @@ fn compile(g: &Graph, mode: ExecMode, w: &HashMap<String, Tensor>) -> Result<Com
     Ok(m)
 }
 
-fn run_once(m: &mut CompiledModel, x: &HashMap<String, Tensor>) -> Result<(f64, Vec<Tensor>), rlx::Error> {
-    let ins: Vec<(&str, TensorRef<'_>)> = x.iter().map(|(k, v)| (k.as_str(), TensorRef::F32(f32s(v)))).collect();
+fn run_once(
+    m: &mut CompiledModel,
+    x: &HashMap<String, Tensor>,
+) -> Result<(f64, Vec<Tensor>), rlx::Error> {
+    let ins: Vec<(&str, TensorRef<'_>)> = x
+        .iter()
+        .map(|(k, v)| (k.as_str(), TensorRef::F32(f32s(v))))
+        .collect();
     let t0 = Instant::now();
     let out = m.run_typed(&ins)?;
     Ok((t0.elapsed().as_secs_f64() * 1e3, out))
@@ -113,7 +130,12 @@ struct Row {
     bit_exact: bool,
 }
 
-fn bench(cfg: &GdnConfig, name: &str, seq: usize, runs: usize) -> Result<Row, Box<dyn std::error::Error>> {
+fn bench(
+    cfg: &GdnConfig,
+    name: &str,
+    seq: usize,
+    runs: usize,
+) -> Result<Row, Box<dyn std::error::Error>> {
     let g = gdn_block_graph(cfg, 1, seq)?;
     let w = synthetic_weights(&g, 7);
     let x = inputs(&g, 11);
@@ -147,6 +169,82 @@ fn bench(cfg: &GdnConfig, name: &str, seq: usize, runs: usize) -> Result<Row, Bo
     })
 }
 
+/// Median ms of the GatedDeltaNet kernel alone on `[1, seq, Hv, n]`, in the
+/// recurrent and the chunked (64) form, and their max relative difference.
+fn bench_gdn_forms(
+    cfg: &GdnConfig,
+    seq: usize,
+    runs: usize,
+) -> Result<(f64, f64, f32), Box<dyn std::error::Error>> {
+    use rlx::cpu::kernels::recurrent::{gated_delta_net, GdnDims, GdnForm};
+    let d = GdnDims {
+        batch: 1,
+        seq,
+        heads: cfg.num_v_heads,
+        n: cfg.head_dim,
+    };
+    let act = seq * d.heads * d.n;
+    let mut s = 99u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    let mut unit = |len: usize| {
+        let mut v: Vec<f32> = (0..len).map(|_| next()).collect();
+        for row in v.chunks_exact_mut(d.n) {
+            let nrm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+            row.iter_mut().for_each(|x| *x /= nrm);
+        }
+        v
+    };
+    let (q, k, v) = (unit(act), unit(act), unit(act));
+    let g = vec![-0.1f32; seq * d.heads];
+    let beta = vec![0.7f32; seq * d.heads];
+    let st = vec![0.0f32; d.heads * d.n * d.n];
+    let mut out_r = vec![0.0f32; (seq + d.n) * d.heads * d.n];
+    let mut out_c = out_r.clone();
+    let (mut tr, mut tc) = (Vec::new(), Vec::new());
+    for i in 0..runs + 2 {
+        let t0 = Instant::now();
+        gated_delta_net(
+            &d,
+            &q,
+            &k,
+            &v,
+            &g,
+            &beta,
+            Some(&st),
+            GdnForm::Recurrent,
+            &mut out_r,
+        )?;
+        let t1 = Instant::now();
+        gated_delta_net(
+            &d,
+            &q,
+            &k,
+            &v,
+            &g,
+            &beta,
+            Some(&st),
+            GdnForm::Chunked(64),
+            &mut out_c,
+        )?;
+        let t2 = Instant::now();
+        if i >= 2 {
+            tr.push((t1 - t0).as_secs_f64() * 1e3);
+            tc.push((t2 - t1).as_secs_f64() * 1e3);
+        }
+    }
+    let diff = out_r
+        .iter()
+        .zip(&out_c)
+        .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
+        .fold(0.0f32, f32::max);
+    Ok((median(&mut tr), median(&mut tc), diff))
+}
+
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -173,12 +271,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         GdnConfig::qwen3_next()
     };
+    if args.diag {
+        return diagnose(&cfg, args.prefill);
+    }
     let threads = rayon_threads();
     eprintln!("GDN block {cfg:?}, {threads} threads, {} runs", args.runs);
     let rows = [
-        bench(&cfg, &format!("prefill 1x{}", args.prefill), args.prefill, args.runs)?,
+        bench(
+            &cfg,
+            &format!("prefill 1x{}", args.prefill),
+            args.prefill,
+            args.runs,
+        )?,
         bench(&cfg, "decode 1x1", 1, args.runs)?,
     ];
+    let (rec_ms, chunk_ms, forms_diff) = bench_gdn_forms(&cfg, args.prefill, args.runs)?;
+    eprintln!("GDN op alone, S {}: recurrent {rec_ms:.3} ms, chunked(64) {chunk_ms:.3} ms, max rel diff {forms_diff:e}", args.prefill);
     let mut md = String::new();
     md.push_str("# GatedDeltaNet block on the CPU: hybrid vs thunks\n\n");
     md.push_str(&format!(
@@ -224,6 +332,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "hybrid_equals_thunks_bitwise": r.bit_exact,
         }));
     }
+    md.push_str(&format!(
+        "\nThe GatedDeltaNet kernel alone on `[1, {0}, {1}, {2}]` (thunk kernel, both forms): recurrent {rec_ms:.3} ms, chunked (C = 64, WY/UT) {chunk_ms:.3} ms; the forms differ by at most {forms_diff:e} (relative, floor 1).\n",
+        args.prefill, cfg.num_v_heads, cfg.head_dim
+    ));
     let doc = serde_json::json!({
         "benchmark": "GatedDeltaNet block, CPU, hybrid vs thunks",
         "command": "cargo run --release --example bench_recurrent",
@@ -239,15 +351,67 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "cpu": cpu_model(),
         "threads": threads,
         "results": js,
+        "gdn_kernel_only": {
+            "seq": args.prefill,
+            "recurrent_median_ms": rec_ms,
+            "chunked64_median_ms": chunk_ms,
+            "max_rel_diff": forms_diff,
+        },
     });
     std::fs::create_dir_all(&args.out)?;
-    std::fs::write(format!("{}/recurrent_cpu.json", args.out), serde_json::to_string_pretty(&doc)? + "\n")?;
+    std::fs::write(
+        format!("{}/recurrent_cpu.json", args.out),
+        serde_json::to_string_pretty(&doc)? + "\n",
+    )?;
     std::fs::write(format!("{}/recurrent_cpu.md", args.out), md)?;
-    eprintln!("wrote {0}/recurrent_cpu.json and {0}/recurrent_cpu.md", args.out);
+    eprintln!(
+        "wrote {0}/recurrent_cpu.json and {0}/recurrent_cpu.md",
+        args.out
+    );
     Ok(())
 }
 
 /// Worker threads of the global rayon pool (as the CPU backend sees them).
 fn rayon_threads() -> usize {
     rlx::cpu::kernels::num_threads()
+}
+
+/// Compare hybrid and thunks on every compiled segment's boundary output
+/// (made graph outputs) and print the nodes whose values differ.
+fn diagnose(cfg: &GdnConfig, seq: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let mut g = gdn_block_graph(cfg, 1, seq)?;
+    let w = synthetic_weights(&g, 7);
+    let x = inputs(&g, 11);
+    let hy = compile(&g, ExecMode::Hybrid, &w)?;
+    let mut outs = g.outputs.clone();
+    for sg in &hy.plan_report().segments {
+        outs.extend(sg.boundary_outputs.iter().copied());
+    }
+    outs.sort();
+    outs.dedup();
+    g.set_outputs(outs.clone());
+    let mut th = compile(&g, ExecMode::Thunks, &w)?;
+    let mut hy = compile(&g, ExecMode::Hybrid, &w)?;
+    let (_, a) = run_once(&mut th, &x)?;
+    let (_, b) = run_once(&mut hy, &x)?;
+    for (i, id) in outs.iter().enumerate() {
+        let (p, q) = (f32s(&a[i]), f32s(&b[i]));
+        let diff = p
+            .iter()
+            .zip(q)
+            .filter(|(u, v)| u.to_bits() != v.to_bits())
+            .count();
+        let worst = p
+            .iter()
+            .zip(q)
+            .map(|(u, v)| (u - v).abs() / v.abs().max(1.0))
+            .fold(0.0f32, f32::max);
+        println!(
+            "node {:4} {:40} {:?}: {diff} differ, max rel {worst:e}",
+            id.index(),
+            g.node(*id).op.describe(),
+            g.node(*id).shape.dims
+        );
+    }
+    Ok(())
 }

@@ -13,12 +13,17 @@ use rlx_models::recurrent::{
 };
 use std::collections::HashMap;
 
+/// Sessions pinned to 2 worker threads (the CI machine's count). The fused
+/// compiler splits a segment's rows into chunks per thread and gemm picks
+/// its K blocking from the chunk's row count, so the bit-exact hybrid ==
+/// thunks checks are made at a fixed thread count; see
+/// `gdn_block_default_pool_within_1e6` for the global pool.
 fn hybrid() -> Session {
-    Session::new(Device::Cpu).mode(ExecMode::Hybrid)
+    Session::new(Device::Cpu).mode(ExecMode::Hybrid).threads(2)
 }
 
 fn thunks() -> Session {
-    Session::new(Device::Cpu).mode(ExecMode::Thunks)
+    Session::new(Device::Cpu).mode(ExecMode::Thunks).threads(2)
 }
 
 fn gdn_op(n: usize, carry: bool) -> Op {
@@ -40,7 +45,9 @@ fn max_rel(a: &[f32], b: &[f32]) -> f32 {
 /// Assert bit-equality, reporting how many elements differ and the worst one.
 fn assert_bits_eq(got: &[f32], want: &[f32], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
-    let diff: Vec<usize> = (0..got.len()).filter(|&i| got[i].to_bits() != want[i].to_bits()).collect();
+    let diff: Vec<usize> = (0..got.len())
+        .filter(|&i| got[i].to_bits() != want[i].to_bits())
+        .collect();
     if let Some(&first) = diff.first() {
         panic!(
             "{what}: {} of {} elements differ (first at {first}: {} vs {}; max rel {:e})",
@@ -82,7 +89,11 @@ fn json_tensor(v: &serde_json::Value) -> Tensor {
 }
 
 /// A one-op graph whose inputs are the case's tensors, in `order`.
-fn case_graph(case: &serde_json::Value, op: Op, order: &[&str]) -> (Graph, HashMap<String, Tensor>) {
+fn case_graph(
+    case: &serde_json::Value,
+    op: Op,
+    order: &[&str],
+) -> (Graph, HashMap<String, Tensor>) {
     let mut g = Graph::new(case["name"].as_str().unwrap());
     let mut b = HashMap::new();
     let mut ids = Vec::new();
@@ -105,7 +116,10 @@ fn check_case(name: &str) {
             if carry {
                 order.push("state");
             }
-            (gdn_op(case["state_size"].as_u64().unwrap() as usize, carry), order)
+            (
+                gdn_op(case["state_size"].as_u64().unwrap() as usize, carry),
+                order,
+            )
         }
         "lstm" => {
             let carry = case["carry"].as_bool().unwrap();
@@ -125,7 +139,11 @@ fn check_case(name: &str) {
     };
     let (g, b) = case_graph(&case, op, &order);
     let want = json_tensor(&case["output"]);
-    assert_eq!(g.node(g.outputs[0]).shape.dims, want.shape.dims, "{name}: output dims");
+    assert_eq!(
+        g.node(g.outputs[0]).shape.dims,
+        want.shape.dims,
+        "{name}: output dims"
+    );
     let want = want.as_f32().unwrap().to_vec();
     let r = reference(&g, &b);
     let t = run_session(&thunks(), &g, &b);
@@ -169,7 +187,14 @@ fn vectors_lstm_2layer_bidir_narrow_input() {
 // Kernels against the reference interpreter
 
 /// Random GDN inputs with unit-norm q, k rows, g < 0 and beta in (0, 1).
-fn gdn_bindings(b: usize, s: usize, h: usize, n: usize, carry: bool, seed: u64) -> HashMap<String, Tensor> {
+fn gdn_bindings(
+    b: usize,
+    s: usize,
+    h: usize,
+    n: usize,
+    carry: bool,
+    seed: u64,
+) -> HashMap<String, Tensor> {
     let mut rng = Rng::new(seed);
     let unit = |rng: &mut Rng| {
         let mut x = rng.vec(b * s * h * n, 1.0);
@@ -182,13 +207,19 @@ fn gdn_bindings(b: usize, s: usize, h: usize, n: usize, carry: bool, seed: u64) 
     let mut m = HashMap::new();
     m.insert("q".into(), Tensor::f32(&[b, s, h, n], unit(&mut rng)));
     m.insert("k".into(), Tensor::f32(&[b, s, h, n], unit(&mut rng)));
-    m.insert("v".into(), Tensor::f32(&[b, s, h, n], rng.vec(b * s * h * n, 1.0)));
+    m.insert(
+        "v".into(),
+        Tensor::f32(&[b, s, h, n], rng.vec(b * s * h * n, 1.0)),
+    );
     let g: Vec<f32> = rng.vec(b * s * h, 0.3).iter().map(|x| x - 0.3).collect();
     let beta: Vec<f32> = rng.vec(b * s * h, 0.45).iter().map(|x| x + 0.5).collect();
     m.insert("g".into(), Tensor::f32(&[b, s, h], g));
     m.insert("beta".into(), Tensor::f32(&[b, s, h], beta));
     if carry {
-        m.insert("state".into(), Tensor::f32(&[b, h, n, n], rng.vec(b * h * n * n, 0.5)));
+        m.insert(
+            "state".into(),
+            Tensor::f32(&[b, h, n, n], rng.vec(b * h * n * n, 0.5)),
+        );
     }
     m
 }
@@ -223,11 +254,24 @@ fn gdn_kernel_matches_reference() {
         let bind = gdn_bindings(b, s, h, n, carry, 21 + s as u64);
         let want = reference(&g, &bind);
         let got = run_session(&thunks(), &g, &bind);
-        assert_close(&got[0], &want[0], 1e-5, &format!("gdn B{b} S{s} H{h} n{n} carry {carry}"));
+        assert_close(
+            &got[0],
+            &want[0],
+            1e-5,
+            &format!("gdn B{b} S{s} H{h} n{n} carry {carry}"),
+        );
     }
 }
 
-fn lstm_graph(b: usize, s: usize, input: usize, hid: usize, layers: usize, bidir: bool, carry: bool) -> Graph {
+fn lstm_graph(
+    b: usize,
+    s: usize,
+    input: usize,
+    hid: usize,
+    layers: usize,
+    bidir: bool,
+    carry: bool,
+) -> Graph {
     let d = if bidir { 2 } else { 1 };
     let max_in = input.max(d * hid);
     let mut g = Graph::new("lstm");
@@ -289,21 +333,70 @@ fn handoff_graph(seq: usize) -> (Graph, [NodeId; 5]) {
     let w = g.param("w_in", Shape::f32(&[D, 3 * hn + 2 * H]));
     let wo = g.param("w_out", Shape::f32(&[hn, D]));
     let p = g.push(Op::MatMul, vec![x, w]).unwrap();
-    let nar = |g: &mut Graph, start, len| g.push(Op::Narrow { axis: 2, start, len }, vec![p]).unwrap();
+    let nar = |g: &mut Graph, start, len| {
+        g.push(
+            Op::Narrow {
+                axis: 2,
+                start,
+                len,
+            },
+            vec![p],
+        )
+        .unwrap()
+    };
     let q = nar(&mut g, 0, hn);
     let k = nar(&mut g, hn, hn);
     let v = nar(&mut g, 2 * hn, hn);
     let gg = nar(&mut g, 3 * hn, H);
-    let gg = g.push(Op::Activation(Activation::Softplus), vec![gg]).unwrap();
+    let gg = g
+        .push(Op::Activation(Activation::Softplus), vec![gg])
+        .unwrap();
     let gg = g.push(Op::Activation(Activation::Neg), vec![gg]).unwrap();
     let beta = nar(&mut g, 3 * hn + H, H);
-    let beta = g.push(Op::Activation(Activation::Sigmoid), vec![beta]).unwrap();
-    let heads = |g: &mut Graph, t| g.push(Op::Reshape { shape: vec![B, seq, H, N] }, vec![t]).unwrap();
+    let beta = g
+        .push(Op::Activation(Activation::Sigmoid), vec![beta])
+        .unwrap();
+    let heads = |g: &mut Graph, t| {
+        g.push(
+            Op::Reshape {
+                shape: vec![B, seq, H, N],
+            },
+            vec![t],
+        )
+        .unwrap()
+    };
     let (q4, k4, v4) = (heads(&mut g, q), heads(&mut g, k), heads(&mut g, v));
-    let out = g.push(gdn_op(N, true), vec![q4, k4, v4, gg, beta, st]).unwrap();
-    let o = g.push(Op::Narrow { axis: 1, start: 0, len: seq }, vec![out]).unwrap();
-    let new_state = g.push(Op::Narrow { axis: 1, start: seq, len: N }, vec![out]).unwrap();
-    let o = g.push(Op::Reshape { shape: vec![B, seq, hn] }, vec![o]).unwrap();
+    let out = g
+        .push(gdn_op(N, true), vec![q4, k4, v4, gg, beta, st])
+        .unwrap();
+    let o = g
+        .push(
+            Op::Narrow {
+                axis: 1,
+                start: 0,
+                len: seq,
+            },
+            vec![out],
+        )
+        .unwrap();
+    let new_state = g
+        .push(
+            Op::Narrow {
+                axis: 1,
+                start: seq,
+                len: N,
+            },
+            vec![out],
+        )
+        .unwrap();
+    let o = g
+        .push(
+            Op::Reshape {
+                shape: vec![B, seq, hn],
+            },
+            vec![o],
+        )
+        .unwrap();
     let y = g.push(Op::MatMul, vec![o, wo]).unwrap();
     let y = g.push(Op::Activation(Activation::Tanh), vec![y]).unwrap();
     g.set_outputs(vec![y, new_state]);
@@ -316,9 +409,18 @@ fn handoff_bindings(seq: usize, seed: u64) -> HashMap<String, Tensor> {
     let mut rng = Rng::new(seed);
     let hn = H * N;
     let mut b = HashMap::new();
-    b.insert("x".into(), Tensor::f32(&[B, seq, D], rng.vec(B * seq * D, 0.5)));
-    b.insert("state".into(), Tensor::f32(&[B, H, N, N], rng.vec(B * H * N * N, 0.1)));
-    b.insert("w_in".into(), Tensor::f32(&[D, 3 * hn + 2 * H], rng.vec(D * (3 * hn + 2 * H), 0.035)));
+    b.insert(
+        "x".into(),
+        Tensor::f32(&[B, seq, D], rng.vec(B * seq * D, 0.5)),
+    );
+    b.insert(
+        "state".into(),
+        Tensor::f32(&[B, H, N, N], rng.vec(B * H * N * N, 0.1)),
+    );
+    b.insert(
+        "w_in".into(),
+        Tensor::f32(&[D, 3 * hn + 2 * H], rng.vec(D * (3 * hn + 2 * H), 0.035)),
+    );
     b.insert("w_out".into(), Tensor::f32(&[hn, D], rng.vec(hn * D, 0.02)));
     b
 }
@@ -334,14 +436,21 @@ fn gdn_handoff_real_dims_hybrid_equals_thunks() {
     // q, k, v, g, beta leave the first compiled segment.
     let first = &rep.segments[0];
     for id in produced {
-        assert!(first.boundary_outputs.contains(&id), "{id:?} not a boundary output of {first:?}");
+        assert!(
+            first.boundary_outputs.contains(&id),
+            "{id:?} not a boundary output of {first:?}"
+        );
     }
     let gdn_range = rep
         .ranges
         .iter()
         .find(|r| r.ops.iter().any(|o| o.op == "GatedDeltaNet"))
         .expect("GDN in a thunk range");
-    let gdn = gdn_range.ops.iter().find(|o| o.op == "GatedDeltaNet").unwrap();
+    let gdn = gdn_range
+        .ops
+        .iter()
+        .find(|o| o.op == "GatedDeltaNet")
+        .unwrap();
     assert!(gdn.reason.starts_with("policy"), "{gdn:?}");
 
     let t = run_session(&thunks(), &g, &b);
@@ -349,8 +458,16 @@ fn gdn_handoff_real_dims_hybrid_equals_thunks() {
     let hp = run_session(&hybrid().poison_freed(true), &g, &b);
     for i in 0..2 {
         assert!(t[i].iter().all(|x| x.is_finite()));
-        assert_bits_eq(&h[i], &t[i], &format!("handoff output {i}: hybrid vs thunks"));
-        assert_bits_eq(&hp[i], &h[i], &format!("handoff output {i}: poisoned hybrid vs hybrid"));
+        assert_bits_eq(
+            &h[i],
+            &t[i],
+            &format!("handoff output {i}: hybrid vs thunks"),
+        );
+        assert_bits_eq(
+            &hp[i],
+            &h[i],
+            &format!("handoff output {i}: poisoned hybrid vs hybrid"),
+        );
     }
     // The output is not trivially small: the state moved.
     assert!(t[1].iter().map(|x| x.abs()).fold(0.0, f32::max) > 0.05);
@@ -381,7 +498,8 @@ fn gdn_handoff_decode_steps_equal_prefill() {
         bd.insert("state".into(), state.clone());
         let out = run_compiled(&mut md, &gd, &bd);
         for b in 0..B {
-            ys[(b * steps + t) * D..(b * steps + t + 1) * D].copy_from_slice(&out[0][b * D..(b + 1) * D]);
+            ys[(b * steps + t) * D..(b * steps + t + 1) * D]
+                .copy_from_slice(&out[0][b * D..(b + 1) * D]);
         }
         // new_state is [B, N, H, N] (rows i, head h); the input wants [B, H, N, N].
         let ns = &out[1];
@@ -467,13 +585,26 @@ fn block_cfg() -> GdnConfig {
 fn block_bindings(g: &Graph, cfg: &GdnConfig, b: usize, seed: u64) -> HashMap<String, Tensor> {
     let mut bind = synthetic_weights(g, seed);
     let mut rng = Rng::new(seed + 1);
-    let xs = g.nodes().iter().find(|n| matches!(&n.op, Op::Input { name } if name == "x")).unwrap();
+    let xs = g
+        .nodes()
+        .iter()
+        .find(|n| matches!(&n.op, Op::Input { name } if name == "x"))
+        .unwrap();
     let xd = xs.shape.dims.clone();
-    bind.insert("x".into(), Tensor::f32(&xd, rng.vec(xd.iter().product(), 1.0)));
+    bind.insert(
+        "x".into(),
+        Tensor::f32(&xd, rng.vec(xd.iter().product(), 1.0)),
+    );
     let cd = cfg.conv_state_dims(b);
-    bind.insert("conv_state".into(), Tensor::f32(&cd, rng.vec(cd.iter().product(), 1.0)));
+    bind.insert(
+        "conv_state".into(),
+        Tensor::f32(&cd, rng.vec(cd.iter().product(), 1.0)),
+    );
     let sd = cfg.ssm_state_dims(b);
-    bind.insert("ssm_state".into(), Tensor::f32(&sd, rng.vec(sd.iter().product(), 0.2)));
+    bind.insert(
+        "ssm_state".into(),
+        Tensor::f32(&sd, rng.vec(sd.iter().product(), 0.2)),
+    );
     bind
 }
 
@@ -485,7 +616,11 @@ fn gdn_block_real_dims_hybrid_thunks_reference() {
     let m = hybrid().compile(g.clone()).unwrap();
     let st = m.plan_stats();
     assert!(st.compiled_segments >= 4, "{st:?}\n{:#?}", m.plan_report());
-    assert!(m.plan_report().declined.is_empty(), "{:?}", m.plan_report().declined);
+    assert!(
+        m.plan_report().declined.is_empty(),
+        "{:?}",
+        m.plan_report().declined
+    );
     let t = run_session(&thunks(), &g, &bind);
     let h = run_session(&hybrid(), &g, &bind);
     for i in 0..3 {
@@ -494,7 +629,12 @@ fn gdn_block_real_dims_hybrid_thunks_reference() {
     }
     let want = reference(&g, &bind);
     for i in 0..3 {
-        assert_close(&t[i], &want[i], 1e-4, &format!("block output {i}: thunks vs reference"));
+        assert_close(
+            &t[i],
+            &want[i],
+            1e-4,
+            &format!("block output {i}: thunks vs reference"),
+        );
     }
 }
 
@@ -529,14 +669,19 @@ fn gdn_block_decode_equals_prefill() {
         bd.insert("ssm_state".into(), ssm.clone());
         let out = run_compiled(&mut md, &gd, &bd);
         for bi in 0..b {
-            ys[(bi * steps + t) * d..(bi * steps + t + 1) * d].copy_from_slice(&out[0][bi * d..(bi + 1) * d]);
+            ys[(bi * steps + t) * d..(bi * steps + t + 1) * d]
+                .copy_from_slice(&out[0][bi * d..(bi + 1) * d]);
         }
         conv = Tensor::f32(&cfg.conv_state_dims(b), out[1].clone());
         ssm = Tensor::f32(&cfg.ssm_state_dims(b), out[2].clone());
     }
     let e = max_rel(&ys, &prefill[0]);
     assert!(e < 1e-5, "block decode vs prefill outputs: {e:e}");
-    assert_eq!(conv.as_f32().unwrap(), &prefill[1][..], "conv state is copied, so exact");
+    assert_eq!(
+        conv.as_f32().unwrap(),
+        &prefill[1][..],
+        "conv state is copied, so exact"
+    );
     let e = max_rel(ssm.as_f32().unwrap(), &prefill[2]);
     assert!(e < 1e-5, "block decode vs prefill state: {e:e}");
 }
@@ -548,13 +693,28 @@ fn hybrid_model_plan_interleaves_segments_and_matches() {
     let g = hybrid_graph(&cfg, b, s).unwrap();
     let mut bind = synthetic_weights(&g, 1);
     let mut rng = Rng::new(2);
-    bind.insert("ids".into(), Tensor::i64(&[b, s], (0..b * s).map(|_| rng.below(cfg.vocab) as i64).collect()));
-    bind.insert("positions".into(), Tensor::i64(&[s], (0..s as i64).collect()));
+    bind.insert(
+        "ids".into(),
+        Tensor::i64(
+            &[b, s],
+            (0..b * s).map(|_| rng.below(cfg.vocab) as i64).collect(),
+        ),
+    );
+    bind.insert(
+        "positions".into(),
+        Tensor::i64(&[s], (0..s as i64).collect()),
+    );
     for l in (0..cfg.num_layers()).filter(|&l| !HybridConfig::is_attention(l)) {
         let cd = cfg.gdn.conv_state_dims(b);
         let sd = cfg.gdn.ssm_state_dims(b);
-        bind.insert(format!("layers.{l}.conv_state"), Tensor::f32(&cd, vec![0.0; cd.iter().product()]));
-        bind.insert(format!("layers.{l}.ssm_state"), Tensor::f32(&sd, vec![0.0; sd.iter().product()]));
+        bind.insert(
+            format!("layers.{l}.conv_state"),
+            Tensor::f32(&cd, vec![0.0; cd.iter().product()]),
+        );
+        bind.insert(
+            format!("layers.{l}.ssm_state"),
+            Tensor::f32(&sd, vec![0.0; sd.iter().product()]),
+        );
     }
     let m = hybrid().compile(g.clone()).unwrap();
     let rep = m.plan_report();
@@ -577,7 +737,12 @@ fn hybrid_model_plan_interleaves_segments_and_matches() {
             .iter()
             .filter(|sg| sg.first.index() > w[0].0 && sg.last.index() < w[1].0)
             .count();
-        assert!(between >= 1, "no compiled segment between {:?} and {:?}", w[0], w[1]);
+        assert!(
+            between >= 1,
+            "no compiled segment between {:?} and {:?}",
+            w[0],
+            w[1]
+        );
     }
     let t = run_session(&thunks(), &g, &bind);
     let h = run_session(&hybrid(), &g, &bind);
@@ -587,4 +752,19 @@ fn hybrid_model_plan_interleaves_segments_and_matches() {
     }
     let want = reference(&g, &bind);
     assert_close(&t[0], &want[0], 1e-4, "hybrid model vs reference");
+}
+
+/// On the global pool (any thread count) hybrid and thunks of the real-dim
+/// block agree within 1e-6: only the fused matmul's K blocking can differ.
+#[test]
+fn gdn_block_default_pool_within_1e6() {
+    let cfg = block_cfg();
+    let g = gdn_block_graph(&cfg, B, S).unwrap();
+    let bind = block_bindings(&g, &cfg, B, 3);
+    let t = run_session(&Session::new(Device::Cpu).mode(ExecMode::Thunks), &g, &bind);
+    let h = run_session(&Session::new(Device::Cpu).mode(ExecMode::Hybrid), &g, &bind);
+    for i in 0..3 {
+        let e = max_rel(&h[i], &t[i]);
+        assert!(e <= 1e-6, "block output {i}: hybrid vs thunks {e:e}");
+    }
 }
