@@ -112,7 +112,9 @@ pub fn run(a: EmbedArgs) -> Result<(), String> {
     match a.format {
         Format::Jsonl => {
             let mut out: Box<dyn Write> = match &a.output {
-                Some(p) => Box::new(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?),
+                Some(p) => {
+                    Box::new(std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?)
+                }
                 None => Box::new(std::io::stdout().lock()),
             };
             for e in &all {
@@ -121,8 +123,12 @@ pub fn run(a: EmbedArgs) -> Result<(), String> {
             }
         }
         Format::Npy => {
-            let p = a.output.as_ref().ok_or("--format npy needs --output FILE")?;
-            std::fs::write(p, npy(&all, model.dim())).map_err(|e| format!("{}: {e}", p.display()))?;
+            let p = a
+                .output
+                .as_ref()
+                .ok_or("--format npy needs --output FILE")?;
+            std::fs::write(p, npy(&all, model.dim()))
+                .map_err(|e| format!("{}: {e}", p.display()))?;
         }
     }
     Ok(())
@@ -130,7 +136,11 @@ pub fn run(a: EmbedArgs) -> Result<(), String> {
 
 /// A little-endian float32 .npy file of shape `[rows.len(), dim]`.
 fn npy(rows: &[Vec<f32>], dim: usize) -> Vec<u8> {
-    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}", rows.len(), dim);
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}, {}), }}",
+        rows.len(),
+        dim
+    );
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');
     }

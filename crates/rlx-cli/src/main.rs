@@ -2,6 +2,7 @@
 
 mod bench;
 mod embed;
+mod generate;
 mod plan;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -48,6 +49,10 @@ enum Cmd {
     Plan(plan::PlanArgs),
     /// Time a model, printing one JSON line with --json.
     Bench(bench::BenchArgs),
+    /// Generate text with a llama-architecture GGUF model, streaming to stdout.
+    Generate(generate::GenerateArgs),
+    /// Time LLM prefill and decode (tokens/s).
+    BenchLlm(generate::BenchLlmArgs),
 }
 
 /// The default model cache: `$RLX_MODELS_DIR` or `~/.cache/rlx/models`.
@@ -55,7 +60,9 @@ pub fn models_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("RLX_MODELS_DIR") {
         return PathBuf::from(d);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache/rlx/models")
 }
 
@@ -75,7 +82,9 @@ pub fn fetch(which: &str) -> Result<(), String> {
     if status.success() {
         Ok(())
     } else {
-        Err(format!("fetching '{which}' failed (see the messages above)"))
+        Err(format!(
+            "fetching '{which}' failed (see the messages above)"
+        ))
     }
 }
 
@@ -86,6 +95,8 @@ fn main() -> ExitCode {
         Cmd::Embed(a) => embed::run(a),
         Cmd::Plan(a) => plan::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Generate(a) => generate::run(a),
+        Cmd::BenchLlm(a) => generate::bench(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -41,10 +41,16 @@ pub fn resolve_config(model: &str) -> Result<(BertConfig, bool, Option<PathBuf>)
     match model {
         "bert6" => Ok((BertConfig::minilm_l6(), false, None)),
         other => {
-            let dir = if other == "minilm" { crate::default_minilm() } else { PathBuf::from(other) };
+            let dir = if other == "minilm" {
+                crate::default_minilm()
+            } else {
+                PathBuf::from(other)
+            };
             let path = dir.join("config.json");
-            let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let cfg: BertConfig = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let cfg: BertConfig =
+                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
             Ok((cfg, true, Some(dir)))
         }
     }
@@ -58,7 +64,16 @@ pub fn graph_for(
     seq: usize,
     optimize: bool,
 ) -> Result<(rlx::ir::Graph, Option<rlx::opt::OptReport>), String> {
-    let g = build_graph(cfg, batch, seq, BertOutputs { pooled, tokens: !pooled }).map_err(|e| e.to_string())?;
+    let g = build_graph(
+        cfg,
+        batch,
+        seq,
+        BertOutputs {
+            pooled,
+            tokens: !pooled,
+        },
+    )
+    .map_err(|e| e.to_string())?;
     if !optimize {
         return Ok((g, None));
     }
@@ -67,7 +82,14 @@ pub fn graph_for(
 }
 
 fn compile(g: &rlx::ir::Graph, hybrid: bool) -> Result<CpuModel, String> {
-    CpuModel::compile(g.clone(), &CpuOptions { hybrid, ..Default::default() }).map_err(|e| e.to_string())
+    CpuModel::compile(
+        g.clone(),
+        &CpuOptions {
+            hybrid,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| e.to_string())
 }
 
 fn report_json(r: &PlanReport) -> serde_json::Value {
@@ -145,7 +167,10 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
         "compiled segments {}, thunk ranges {}, dispatches {} (thunks only: {})",
         r.compiled_segments, r.thunk_ranges, r.dispatches, r.dispatches_thunks_only
     );
-    println!("arena {} bytes (naive sum {} bytes), segment scratch {} bytes", mem.arena_bytes, mem.naive_bytes, mem.scratch_bytes);
+    println!(
+        "arena {} bytes (naive sum {} bytes), segment scratch {} bytes",
+        mem.arena_bytes, mem.naive_bytes, mem.scratch_bytes
+    );
     let ops: Vec<String> = ops.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("ops: {}", ops.join(" "));
     if let Some(p) = passes {
@@ -160,7 +185,12 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
 }
 
 fn print_segment(s: &rlx::hybrid::SegmentReport) {
-    let ids = |v: &[rlx::ir::NodeId]| v.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" ");
+    let ids = |v: &[rlx::ir::NodeId]| {
+        v.iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
     println!(
         "  compiled {}..={} ({} ops) in: [{}] out: [{}]",
         s.first,

@@ -34,6 +34,11 @@ pub mod models {
     pub use rlx_models::*;
 }
 
+/// Weight-file readers: safetensors, GGUF, dequantization.
+pub mod formats {
+    pub use rlx_formats::*;
+}
+
 /// Graph passes: fusion, DCE, CSE, constant folding.
 pub mod opt {
     pub use rlx_opt::*;

@@ -1,0 +1,220 @@
+//! `rlx generate` and `rlx bench-llm`.
+
+use crate::{models_dir, Mode};
+use clap::Args;
+use rlx::cpu::CpuOptions;
+use rlx::models::gguf_tokenizer::GgufTokenizer;
+use rlx::models::llama::LlamaModel;
+use rlx::models::sampling::{Sampler, SamplerConfig};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+fn default_gguf() -> PathBuf {
+    models_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn resolve_model(model: &Option<PathBuf>) -> Result<PathBuf, String> {
+    match model {
+        Some(p) => Ok(p.clone()),
+        None => {
+            let p = default_gguf();
+            if !p.exists() {
+                eprintln!("fetching SmolLM2-135M-Instruct into {}", p.display());
+                crate::fetch("smollm2")?;
+            }
+            Ok(p)
+        }
+    }
+}
+
+fn load(
+    path: &PathBuf,
+    ctx: usize,
+    mode: Mode,
+    threads: Option<usize>,
+) -> Result<(LlamaModel, GgufTokenizer), String> {
+    let f = rlx::formats::GgufFile::open(path).map_err(|e| e.to_string())?;
+    let tok = GgufTokenizer::from_gguf(&f).map_err(|e| e.to_string())?;
+    let opts = CpuOptions {
+        hybrid: mode == Mode::Hybrid,
+        threads,
+        ..Default::default()
+    };
+    let model = LlamaModel::load_with(path, ctx, opts).map_err(|e| e.to_string())?;
+    Ok((model, tok))
+}
+
+/// Arguments of `rlx generate`.
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// The prompt (no chat template is applied).
+    prompt: String,
+    /// A llama-architecture GGUF file (default: the fetched SmolLM2-135M-Instruct Q4_1).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Most new tokens.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus threshold.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// RNG seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Context length (KV cache positions).
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// Execution mode.
+    #[arg(long, value_enum, default_value_t = Mode::Hybrid)]
+    mode: Mode,
+    /// Worker threads.
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// Run `rlx generate`, streaming text to stdout.
+pub fn run(a: GenerateArgs) -> Result<(), String> {
+    let path = resolve_model(&a.model)?;
+    let (mut model, tok) = load(&path, a.ctx, a.mode, a.threads)?;
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        repetition_penalty: a.repeat_penalty,
+        seed: a.seed,
+    })
+    .map_err(|e| e.to_string())?;
+    let prompt = tok
+        .encode(&a.prompt, tok.add_bos_default())
+        .map_err(|e| e.to_string())?;
+    if prompt.is_empty() {
+        return Err("the prompt encodes to no tokens".into());
+    }
+    if prompt.len() + a.max_tokens > a.ctx {
+        return Err(format!(
+            "prompt ({} tokens) + --max-tokens {} exceeds --ctx {}",
+            prompt.len(),
+            a.max_tokens,
+            a.ctx
+        ));
+    }
+    let mut history = prompt.clone();
+    let mut stream = tok.stream_decoder();
+    let mut out = std::io::stdout().lock();
+    let t0 = Instant::now();
+    let mut logits = model.prefill(&prompt).map_err(|e| e.to_string())?;
+    let t_prefill = t0.elapsed();
+    let mut n = 0;
+    let t1 = Instant::now();
+    while n < a.max_tokens {
+        let id = sampler
+            .sample(&logits, &history)
+            .map_err(|e| e.to_string())?;
+        n += 1;
+        if tok.is_end_of_generation(id) {
+            break;
+        }
+        history.push(id);
+        if let Some(text) = stream.push(id).map_err(|e| e.to_string())? {
+            write!(out, "{text}").map_err(|e| e.to_string())?;
+            out.flush().ok();
+        }
+        if n == a.max_tokens {
+            break;
+        }
+        logits = model.decode(id).map_err(|e| e.to_string())?;
+    }
+    if let Some(text) = stream.finish() {
+        write!(out, "{text}").map_err(|e| e.to_string())?;
+    }
+    writeln!(out).ok();
+    eprintln!(
+        "[{} prompt tokens in {:.1} ms, {} new tokens at {:.1} tok/s]",
+        prompt.len(),
+        t_prefill.as_secs_f64() * 1e3,
+        n,
+        n as f64 / t1.elapsed().as_secs_f64().max(1e-9)
+    );
+    Ok(())
+}
+
+/// Arguments of `rlx bench-llm`.
+#[derive(Args)]
+pub struct BenchLlmArgs {
+    /// GGUF file (default: the fetched SmolLM2).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Prompt tokens to prefill.
+    #[arg(long, default_value_t = 128)]
+    prefill: usize,
+    /// Tokens to decode after the prompt.
+    #[arg(long, default_value_t = 128)]
+    decode: usize,
+    /// Repetitions (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Worker threads.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Execution mode.
+    #[arg(long, value_enum, default_value_t = Mode::Hybrid)]
+    mode: Mode,
+    /// One JSON line `{"prefill_tok_s", "decode_tok_s"}`.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Run `rlx bench-llm`.
+pub fn bench(a: BenchLlmArgs) -> Result<(), String> {
+    let path = resolve_model(&a.model)?;
+    let ctx = a.prefill + a.decode + 1;
+    let (mut model, tok) = load(&path, ctx, a.mode, a.threads)?;
+    let text = "The history of computing is a story of people, machines and ideas. ".repeat(64);
+    let mut prompt = tok.encode(&text, false).map_err(|e| e.to_string())?;
+    prompt.truncate(a.prefill);
+    if prompt.len() < a.prefill {
+        return Err("could not build a long enough prompt".into());
+    }
+    let mut pre = Vec::new();
+    let mut dec = Vec::new();
+    for _ in 0..a.reps.max(1) {
+        let t = Instant::now();
+        let mut logits = model.prefill(&prompt).map_err(|e| e.to_string())?;
+        pre.push(prompt.len() as f64 / t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for _ in 0..a.decode {
+            let id = rlx::models::llama::argmax(&logits);
+            logits = model.decode(id).map_err(|e| e.to_string())?;
+        }
+        dec.push(a.decode as f64 / t.elapsed().as_secs_f64());
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|x, y| x.total_cmp(y));
+        v[v.len() / 2]
+    };
+    let (p, d) = (med(&mut pre), med(&mut dec));
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"prefill_tok_s": p, "decode_tok_s": d, "mode": format!("{:?}", a.mode).to_lowercase()})
+        );
+    } else {
+        println!(
+            "prefill {} tokens: {p:.1} tok/s; decode {} tokens: {d:.1} tok/s ({:.2} ms/token)",
+            a.prefill,
+            a.decode,
+            1e3 / d
+        );
+    }
+    Ok(())
+}
