@@ -34,6 +34,23 @@ impl LlamaConfig {
         self.n_kv_heads * self.head_dim
     }
 
+    /// SmolLM2-135M's shape: 30 layers, width 576, FFN 1536, 9 heads / 3 KV
+    /// heads of 64, rope θ 1e5 over 64 dims, RMS eps 1e-5, vocab 49152.
+    pub fn smollm2_135m() -> LlamaConfig {
+        LlamaConfig {
+            n_layers: 30,
+            d_model: 576,
+            d_ff: 1536,
+            n_heads: 9,
+            n_kv_heads: 3,
+            head_dim: 64,
+            n_rot: 64,
+            rope_theta: 100_000.0,
+            rms_eps: 1e-5,
+            vocab: 49152,
+        }
+    }
+
     /// Read the config of an open GGUF file.
     pub fn from_gguf(f: &GgufFile) -> Result<LlamaConfig, LlamaError> {
         let arch = f.get_str("general.architecture")?.to_string();

@@ -69,6 +69,102 @@ impl LlamaWeights {
         Ok(w)
     }
 
+    /// Random weights of the right shapes: every linear packed in `scheme`
+    /// (the head in `head_scheme`, tied to the embedding) with small f16
+    /// scales, norms of ones, a random embedding table. The numbers mean
+    /// nothing; this is for speed measurements and shape tests without a
+    /// model file. Errors if `d_model`, `d_ff` are not whole blocks.
+    pub fn synthetic(
+        config: &LlamaConfig,
+        scheme: QuantScheme,
+        head_scheme: QuantScheme,
+        seed: u64,
+    ) -> Result<LlamaWeights, LlamaError> {
+        let c = config;
+        let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        let mut w = LlamaWeights {
+            config: c.clone(),
+            tensors: HashMap::new(),
+            linears: HashMap::new(),
+            head: "token_embd.weight".into(),
+        };
+        let mut packed =
+            |w: &mut LlamaWeights, name: String, scheme: QuantScheme, n: usize, k: usize| {
+                let rb = scheme.row_bytes(k).ok_or_else(|| LlamaError::BadConfig {
+                    detail: format!(
+                        "{name}: K = {k} is not a whole number of {} blocks",
+                        scheme.name()
+                    ),
+                })?;
+                let mut bytes: Vec<u8> = (0..n * rb).map(|_| next() as u8).collect();
+                // Every f16 field of a block gets a small positive scale; for
+                // the 32-element formats these are the leading 2 or 4 bytes.
+                // 0x211F is f16 0.010002.
+                let scale = 0x211Fu16.to_le_bytes();
+                let fields: &[usize] = match scheme {
+                    QuantScheme::Q4_0 | QuantScheme::Q5_0 | QuantScheme::Q8_0 => &[0],
+                    QuantScheme::Q4_1 | QuantScheme::Q5_1 | QuantScheme::Q4K | QuantScheme::Q5K => {
+                        &[0, 2]
+                    }
+                    QuantScheme::Q2K => &[80, 82],
+                    QuantScheme::Q3K => &[108],
+                    QuantScheme::Q6K => &[208],
+                    QuantScheme::Q8K => &[],
+                };
+                for blk in bytes.chunks_exact_mut(scheme.block_bytes()) {
+                    for &o in fields {
+                        blk[o..o + 2].copy_from_slice(&scale);
+                    }
+                    if scheme == QuantScheme::Q8K {
+                        blk[..4].copy_from_slice(&0.01f32.to_le_bytes());
+                    }
+                }
+                w.tensors.insert(name.clone(), Tensor::u8(&[n, rb], bytes));
+                w.linears.insert(name, Linear::Quant { scheme, n, k });
+                Ok::<(), LlamaError>(())
+            };
+        for l in 0..c.n_layers {
+            let p = |s: &str| format!("blk.{l}.{s}.weight");
+            packed(&mut w, p("attn_q"), scheme, c.d_model, c.d_model)?;
+            packed(&mut w, p("attn_k"), scheme, c.kv_dim(), c.d_model)?;
+            packed(&mut w, p("attn_v"), scheme, c.kv_dim(), c.d_model)?;
+            packed(&mut w, p("attn_output"), scheme, c.d_model, c.d_model)?;
+            packed(&mut w, p("ffn_gate"), scheme, c.d_ff, c.d_model)?;
+            packed(&mut w, p("ffn_up"), scheme, c.d_ff, c.d_model)?;
+            packed(&mut w, p("ffn_down"), scheme, c.d_model, c.d_ff)?;
+            for norm in ["attn_norm", "ffn_norm"] {
+                w.tensors
+                    .insert(p(norm), Tensor::f32(&[c.d_model], vec![1.0; c.d_model]));
+            }
+        }
+        w.tensors.insert(
+            "output_norm.weight".into(),
+            Tensor::f32(&[c.d_model], vec![1.0; c.d_model]),
+        );
+        packed(
+            &mut w,
+            "token_embd.weight".into(),
+            head_scheme,
+            c.vocab,
+            c.d_model,
+        )?;
+        let table: Vec<f32> = (0..c.vocab * c.d_model)
+            .map(|_| (next() % 2001) as f32 * 1e-3 - 1.0)
+            .collect();
+        w.tensors.insert(
+            EMBED_TABLE.into(),
+            Tensor::f32(&[c.vocab, c.d_model], table),
+        );
+        w.merge_projections();
+        Ok(w)
+    }
+
     /// Merge, per layer, `attn_q|attn_k|attn_v` into [`qkv_name`] and
     /// `ffn_gate|ffn_up` into [`gate_up_name`] by concatenating their packed
     /// rows, when the parts are all block-quantized with one scheme. One
