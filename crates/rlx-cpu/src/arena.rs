@@ -80,7 +80,13 @@ pub(crate) fn split_io<'a>(
             .find(|(b, p)| *b <= w.start && w.end <= b + p.len())?;
         in_views.push(typed_in(&piece[w.start - base..w.end - base], w.start, *r)?);
     }
-    Some((out_views.into_iter().map(|o| o.expect("every output carved")).collect(), in_views))
+    Some((
+        out_views
+            .into_iter()
+            .map(|o| o.expect("every output carved"))
+            .collect(),
+        in_views,
+    ))
 }
 
 /// A typed mutable view of one region (for binding inputs and poisoning).

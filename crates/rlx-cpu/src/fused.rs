@@ -24,6 +24,10 @@ use std::sync::Mutex;
 /// Rows per chunk at most; bounds scratch memory and keeps chunks in cache.
 const MAX_CHUNK_ROWS: usize = 128;
 
+/// Below this many rows a segment runs as one chunk with parallel kernels:
+/// splitting 128 rows in two halves each GEMM's work per weight panel.
+const SPLIT_MIN_ROWS: usize = 256;
+
 /// The CPU segment compiler (see the module docs).
 #[derive(Debug, Clone, Default)]
 pub struct FusedCompiler;
@@ -47,7 +51,9 @@ fn row_broadcastable(d: &[usize], out: &[usize]) -> Option<bool> {
     if d.len() > r || r == 0 {
         return None;
     }
-    let pad: Vec<usize> = std::iter::repeat_n(1, r - d.len()).chain(d.iter().copied()).collect();
+    let pad: Vec<usize> = std::iter::repeat_n(1, r - d.len())
+        .chain(d.iter().copied())
+        .collect();
     let last = pad[r - 1];
     if last != out[r - 1] && last != 1 {
         return None;
@@ -66,9 +72,9 @@ impl SegmentCompiler for FusedCompiler {
 
     fn claims(&self, g: &Graph, n: &Node) -> Result<(), String> {
         let f32s = n.shape.dtype == DType::F32
-            && n.inputs.iter().all(|&i| {
-                g.node(i).shape.dtype == DType::F32 || matches!(n.op, Op::Gather { .. })
-            });
+            && n.inputs
+                .iter()
+                .all(|&i| g.node(i).shape.dtype == DType::F32 || matches!(n.op, Op::Gather { .. }));
         if !f32s {
             return Err("only f32 row-local ops are fused".into());
         }
@@ -104,11 +110,21 @@ impl SegmentCompiler for FusedCompiler {
                 Ok(())
             }
             Op::Narrow { axis, .. } if *axis + 1 == n.shape.rank() => Ok(()),
-            Op::Reshape { .. } if in_shape(0).last_dim() == n.shape.last_dim() && in_shape(0).rank() > 0 => Ok(()),
+            Op::Reshape { .. }
+                if in_shape(0).last_dim() == n.shape.last_dim() && in_shape(0).rank() > 0 =>
+            {
+                Ok(())
+            }
             Op::Reshape { .. } if g.node(n.inputs[0]).op.is_leaf() => Ok(()),
-            Op::Reduce { axes, keep_dims: true, .. } if axes == &[n.shape.rank() - 1] => Ok(()),
+            Op::Reduce {
+                axes,
+                keep_dims: true,
+                ..
+            } if axes == &[n.shape.rank() - 1] => Ok(()),
             Op::Cast { to } if *to == in_shape(0).dtype => Ok(()),
-            Op::Gather { axis: 0 } if in_shape(0).rank() == 2 && is_weight(g, n.inputs[0]) => Ok(()),
+            Op::Gather { axis: 0 } if in_shape(0).rank() == 2 && is_weight(g, n.inputs[0]) => {
+                Ok(())
+            }
             other => Err(format!("{} is not row-local", other.name())),
         }
     }
@@ -232,7 +248,9 @@ impl FusedPlan {
         let mut slots: Vec<usize> = Vec::new();
         let mut slot_value: Vec<usize> = Vec::new();
         let mut ops = Vec::new();
-        let out_set: Vec<bool> = (0..g.len()).map(|i| g.outputs.contains(&NodeId(i as u32))).collect();
+        let out_set: Vec<bool> = (0..g.len())
+            .map(|i| g.outputs.contains(&NodeId(i as u32)))
+            .collect();
         let mut ext = 0usize;
         for n in g.nodes() {
             let id = n.id.index();
@@ -262,8 +280,15 @@ impl FusedPlan {
             let v = |k: usize| views[n.inputs[k].index()].ok_or("input has no view".to_string());
             let w = n.shape.last_dim();
             let r = rows_of(&n.shape);
-            if r != rows && !matches!(n.op, Op::Narrow { .. } | Op::Reshape { .. } | Op::Cast { .. }) {
-                return Err(format!("node {parent} has {r} rows, the segment has {rows}"));
+            if r != rows
+                && !matches!(
+                    n.op,
+                    Op::Narrow { .. } | Op::Reshape { .. } | Op::Cast { .. }
+                )
+            {
+                return Err(format!(
+                    "node {parent} has {r} rows, the segment has {rows}"
+                ));
             }
             let new_slot = |slots: &mut Vec<usize>, owners: &mut Vec<usize>| {
                 slots.push(w);
@@ -292,7 +317,9 @@ impl FusedPlan {
             };
             let ext_index = |k: usize| match views[n.inputs[k].index()].map(|v| v.src) {
                 Some(Src::Ext(e)) => Ok(e),
-                _ => Err(format!("node {parent}: weight operand is not a boundary input")),
+                _ => Err(format!(
+                    "node {parent}: weight operand is not a boundary input"
+                )),
             };
             let (fop, view) = match &n.op {
                 Op::Reshape { .. } if g.node(n.inputs[0]).shape.last_dim() != w => {
@@ -303,19 +330,39 @@ impl FusedPlan {
                     } else if r == 1 {
                         RowMap::Const
                     } else {
-                        return Err(format!("node {parent}: reshape to {r} rows in a {rows}-row segment"));
+                        return Err(format!(
+                            "node {parent}: reshape to {r} rows in a {rows}-row segment"
+                        ));
                     };
                     match x.src {
-                        Src::Ext(_) if x.col == 0 && x.stride == x.width => {
-                            (None, View { map, col: 0, stride: w, width: w, ..x })
+                        Src::Ext(_) if x.col == 0 && x.stride == x.width => (
+                            None,
+                            View {
+                                map,
+                                col: 0,
+                                stride: w,
+                                width: w,
+                                ..x
+                            },
+                        ),
+                        _ => {
+                            return Err(format!(
+                                "node {parent}: reshape changes the row width of an intermediate"
+                            ))
                         }
-                        _ => return Err(format!("node {parent}: reshape changes the row width of an intermediate")),
                     }
                 }
                 Op::Reshape { .. } | Op::Cast { .. } => (None, v(0)?),
                 Op::Reduce { op, .. } => {
                     let s = new_slot(&mut slots, &mut slot_value);
-                    (Some(FOp::ReduceRow { op: *op, x: v(0)?, out: s }), local(s))
+                    (
+                        Some(FOp::ReduceRow {
+                            op: *op,
+                            x: v(0)?,
+                            out: s,
+                        }),
+                        local(s),
+                    )
                 }
                 Op::Narrow { start, len, .. } => {
                     let mut x = v(0)?;
@@ -330,7 +377,11 @@ impl FusedPlan {
                         Op::FusedMatMulBiasAct { activation } => *activation,
                         _ => None,
                     };
-                    let bias = if n.inputs.len() > 2 { Some(v(2)?) } else { None };
+                    let bias = if n.inputs.len() > 2 {
+                        Some(v(2)?)
+                    } else {
+                        None
+                    };
                     let s = new_slot(&mut slots, &mut slot_value);
                     let a = v(0)?;
                     if a.map == RowMap::Const && rows != 1 || matches!(a.map, RowMap::Periodic(_)) {
@@ -352,16 +403,33 @@ impl FusedPlan {
                 Op::Activation(act) => {
                     let x = v(0)?;
                     let s = reuse(x).unwrap_or_else(|| new_slot(&mut slots, &mut slot_value));
-                    (Some(FOp::Unary { act: *act, x, out: s }), local(s))
+                    (
+                        Some(FOp::Unary {
+                            act: *act,
+                            x,
+                            out: s,
+                        }),
+                        local(s),
+                    )
                 }
                 Op::Binary(op) => {
                     let (a, b) = (v(0)?, v(1)?);
                     let s = reuse(a).unwrap_or_else(|| new_slot(&mut slots, &mut slot_value));
-                    (Some(FOp::Binary { op: *op, a, b, out: s }), local(s))
+                    (
+                        Some(FOp::Binary {
+                            op: *op,
+                            a,
+                            b,
+                            out: s,
+                        }),
+                        local(s),
+                    )
                 }
                 Op::LayerNorm { eps, .. } | Op::RmsNorm { eps, .. } => {
                     let s = new_slot(&mut slots, &mut slot_value);
-                    let beta = matches!(n.op, Op::LayerNorm { .. }).then(|| v(2)).transpose()?;
+                    let beta = matches!(n.op, Op::LayerNorm { .. })
+                        .then(|| v(2))
+                        .transpose()?;
                     (
                         Some(FOp::Norm {
                             x: v(0)?,
@@ -375,7 +443,8 @@ impl FusedPlan {
                         local(s),
                     )
                 }
-                Op::FusedResidualLN { has_bias, eps } | Op::FusedResidualRmsNorm { has_bias, eps } => {
+                Op::FusedResidualLN { has_bias, eps }
+                | Op::FusedResidualRmsNorm { has_bias, eps } => {
                     let s = new_slot(&mut slots, &mut slot_value);
                     let b = *has_bias as usize;
                     let beta = matches!(n.op, Op::FusedResidualLN { .. })
@@ -450,11 +519,21 @@ impl FusedPlan {
             .collect::<Result<Vec<_>, _>>()?;
         for (o, v) in g.outputs.iter().zip(&outputs) {
             if rows_of(&g.node(*o).shape) != rows || v.map == RowMap::Const && rows != 1 {
-                return Err(format!("output {} does not have the segment's {rows} rows", sub.outputs[0]));
+                return Err(format!(
+                    "output {} does not have the segment's {rows} rows",
+                    sub.outputs[0]
+                ));
             }
         }
         let threads = rayon::current_num_threads().max(1);
-        let chunk_rows = rows.div_ceil(threads).clamp(1, MAX_CHUNK_ROWS);
+        // Few rows: one chunk, and the kernels (GEMM) parallelize inside it.
+        // Many rows: chunks of up to MAX_CHUNK_ROWS spread over the threads,
+        // every op of the segment running on a chunk while it is in cache.
+        let chunk_rows = if rows < SPLIT_MIN_ROWS {
+            rows.max(1)
+        } else {
+            rows.div_ceil(threads).clamp(1, MAX_CHUNK_ROWS)
+        };
         let chunks = rows.div_ceil(chunk_rows);
         let scratch = (0..chunks)
             .map(|_| Mutex::new(slots.iter().map(|&w| vec![0f32; w * chunk_rows]).collect()))
@@ -482,7 +561,10 @@ impl FusedPlan {
             .into_iter()
             .map(|o| match o {
                 Out::F32(v) => Ok(v),
-                other => Err((first, format!("segment output is {}, expected f32", other.kind()))),
+                other => Err((
+                    first,
+                    format!("segment output is {}, expected f32", other.kind()),
+                )),
             })
             .collect::<Result<_, _>>()?;
         let cr = self.chunk_rows;
@@ -508,7 +590,8 @@ impl FusedPlan {
             }
             for (part, v) in parts.iter_mut().zip(&this.outputs) {
                 for r in 0..nr {
-                    part[r * v.width..(r + 1) * v.width].copy_from_slice(row(v, ins, bufs, r0, r)?.1);
+                    part[r * v.width..(r + 1) * v.width]
+                        .copy_from_slice(row(v, ins, bufs, r0, r)?.1);
                 }
             }
             Ok(())
@@ -524,14 +607,22 @@ impl FusedPlan {
 /// How many input slots read `node`'s value, following the views that the
 /// lowering folds (Reshape, Cast, Narrow). `None` if the value escapes as a
 /// segment output.
-fn reads_through_views(g: &Graph, users: &[Vec<NodeId>], out_set: &[bool], node: usize) -> Option<usize> {
+fn reads_through_views(
+    g: &Graph,
+    users: &[Vec<NodeId>],
+    out_set: &[bool],
+    node: usize,
+) -> Option<usize> {
     if out_set[node] {
         return None;
     }
     let mut total = 0;
     for &u in &users[node] {
         let un = g.node(u);
-        if matches!(un.op, Op::Reshape { .. } | Op::Cast { .. } | Op::Narrow { .. }) {
+        if matches!(
+            un.op,
+            Op::Reshape { .. } | Op::Cast { .. } | Op::Narrow { .. }
+        ) {
             total += reads_through_views(g, users, out_set, u.index())?;
         } else {
             total += un.inputs.iter().filter(|i| i.index() == node).count();
@@ -543,7 +634,10 @@ fn reads_through_views(g: &Graph, users: &[Vec<NodeId>], out_set: &[bool], node:
 fn ext_f32<'a>(ins: &[In<'a>], k: usize) -> Result<&'a [f32], String> {
     match ins.get(k) {
         Some(In::F32(v)) => Ok(v),
-        Some(other) => Err(format!("boundary input {k} is {}, expected f32", other.kind())),
+        Some(other) => Err(format!(
+            "boundary input {k} is {}, expected f32",
+            other.kind()
+        )),
         None => Err(format!("boundary input {k} missing")),
     }
 }
@@ -576,11 +670,24 @@ fn row<'a>(
         .ok_or_else(|| err(format!("row {src_row} outside its buffer")))
 }
 
-fn rowf<'a>(v: &View, ins: &[In<'a>], bufs: &'a [Vec<f32>], r0: usize, r: usize) -> Result<&'a [f32], String> {
+fn rowf<'a>(
+    v: &View,
+    ins: &[In<'a>],
+    bufs: &'a [Vec<f32>],
+    r0: usize,
+    r: usize,
+) -> Result<&'a [f32], String> {
     row(v, ins, bufs, r0, r).map(|x| x.1).map_err(|e| e.1)
 }
 
-fn run_fop(op: &FOp, ins: &[In<'_>], bufs: &mut [Vec<f32>], r0: usize, nr: usize, parallel: bool) -> Result<(), String> {
+fn run_fop(
+    op: &FOp,
+    ins: &[In<'_>],
+    bufs: &mut [Vec<f32>],
+    r0: usize,
+    nr: usize,
+    parallel: bool,
+) -> Result<(), String> {
     let take = |bufs: &mut [Vec<f32>], s: usize| std::mem::take(&mut bufs[s]);
     match *op {
         FOp::MatMul {
@@ -604,10 +711,34 @@ fn run_fop(op: &FOp, ins: &[In<'_>], bufs: &mut [Vec<f32>], r0: usize, nr: usize
             let lda = if a.map == RowMap::Const { 0 } else { a.stride };
             let res = if lda == 0 {
                 (0..nr).try_for_each(|r| {
-                    matmul::gemm(1, n, k, &adata[off..], k, wdata, n, &mut o[r * n..], n, false, parallel)
+                    matmul::gemm(
+                        1,
+                        n,
+                        k,
+                        &adata[off..],
+                        k,
+                        wdata,
+                        n,
+                        &mut o[r * n..],
+                        n,
+                        false,
+                        parallel,
+                    )
                 })
             } else {
-                matmul::gemm(nr, n, k, &adata[off..], lda, wdata, n, &mut o, n, false, parallel)
+                matmul::gemm(
+                    nr,
+                    n,
+                    k,
+                    &adata[off..],
+                    lda,
+                    wdata,
+                    n,
+                    &mut o,
+                    n,
+                    false,
+                    parallel,
+                )
             };
             res.map_err(|e| e.to_string())?;
             if bias.is_some() || act.is_some() {
@@ -627,7 +758,8 @@ fn run_fop(op: &FOp, ins: &[In<'_>], bufs: &mut [Vec<f32>], r0: usize, nr: usize
             } else {
                 for r in 0..nr {
                     let xr = rowf(&x, ins, bufs, r0, r)?;
-                    elementwise::activation_into(act, xr, &mut o[r * w..(r + 1) * w]).map_err(|e| e.to_string())?;
+                    elementwise::activation_into(act, xr, &mut o[r * w..(r + 1) * w])
+                        .map_err(|e| e.to_string())?;
                 }
             }
             bufs[out] = o;
@@ -696,7 +828,8 @@ fn run_fop(op: &FOp, ins: &[In<'_>], bufs: &mut [Vec<f32>], r0: usize, nr: usize
             let d = x.width;
             for r in 0..nr {
                 let xr = rowf(&x, ins, bufs, r0, r)?;
-                softmax::softmax_rows(xr, &mut o[r * d..(r + 1) * d], d).map_err(|e| e.to_string())?;
+                softmax::softmax_rows(xr, &mut o[r * d..(r + 1) * d], d)
+                    .map_err(|e| e.to_string())?;
             }
             bufs[out] = o;
         }
@@ -707,9 +840,17 @@ fn run_fop(op: &FOp, ins: &[In<'_>], bufs: &mut [Vec<f32>], r0: usize, nr: usize
                 *slot = match op {
                     // Accumulate in f64 like the Reduce thunk, so hybrid == thunks bit for bit.
                     ReduceOp::Sum => xr.iter().map(|&v| f64::from(v)).sum::<f64>() as f32,
-                    ReduceOp::Mean => (xr.iter().map(|&v| f64::from(v)).sum::<f64>() / xr.len() as f64) as f32,
-                    ReduceOp::Max => xr.iter().copied().fold(f32::NEG_INFINITY, crate::kernels::simd::max_nan),
-                    ReduceOp::Min => xr.iter().copied().fold(f32::INFINITY, crate::kernels::simd::min_nan),
+                    ReduceOp::Mean => {
+                        (xr.iter().map(|&v| f64::from(v)).sum::<f64>() / xr.len() as f64) as f32
+                    }
+                    ReduceOp::Max => xr
+                        .iter()
+                        .copied()
+                        .fold(f32::NEG_INFINITY, crate::kernels::simd::max_nan),
+                    ReduceOp::Min => xr
+                        .iter()
+                        .copied()
+                        .fold(f32::INFINITY, crate::kernels::simd::min_nan),
                 };
             }
             bufs[out] = o;
@@ -720,7 +861,8 @@ fn run_fop(op: &FOp, ins: &[In<'_>], bufs: &mut [Vec<f32>], r0: usize, nr: usize
             for r in 0..nr {
                 let gr = rowf(&gate, ins, bufs, r0, r)?;
                 let ur = rowf(&up, ins, bufs, r0, r)?;
-                elementwise::swiglu(gr, ur, &mut o[r * d..(r + 1) * d]).map_err(|e| e.to_string())?;
+                elementwise::swiglu(gr, ur, &mut o[r * d..(r + 1) * d])
+                    .map_err(|e| e.to_string())?;
             }
             bufs[out] = o;
         }
@@ -741,7 +883,9 @@ fn run_fop(op: &FOp, ins: &[In<'_>], bufs: &mut [Vec<f32>], r0: usize, nr: usize
                 }
                 .ok_or_else(|| "gather ids are not i32/i64 covering the rows".to_string())?;
                 if id < 0 || id >= vocab as i128 {
-                    return Err(format!("Gather: index {id} out of range for table of {vocab} rows"));
+                    return Err(format!(
+                        "Gather: index {id} out of range for table of {vocab} rows"
+                    ));
                 }
                 let id = id as usize;
                 o[r * width..(r + 1) * width].copy_from_slice(&t[id * width..(id + 1) * width]);

@@ -58,5 +58,8 @@ pub enum IrError {
 }
 
 fn fmt_shapes(s: &[Shape]) -> String {
-    s.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
+    s.iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -236,9 +236,7 @@ pub fn infer_shape(op: &Op, inputs: &[Shape]) -> R {
             let (x, pos) = (&inputs[0], &inputs[1]);
             float(x, "x")?;
             if x.rank() != 3 || *head_dim == 0 || x.dims[2] % head_dim != 0 {
-                return Err(format!(
-                    "expected x [B, S, H*{head_dim}] of rank 3"
-                ));
+                return Err(format!("expected x [B, S, H*{head_dim}] of rank 3"));
             }
             if *n_rot > *head_dim || n_rot % 2 != 0 {
                 return Err(format!("expected even n_rot <= head_dim, got {n_rot}"));
@@ -293,7 +291,11 @@ pub fn infer_shape(op: &Op, inputs: &[Shape]) -> R {
             match mask_kind {
                 MaskKind::Custom => {
                     let m = &inputs[3];
-                    if m.dims != [b, sk] || !(m.dtype == DType::F32 || m.dtype == DType::U8 || m.dtype == DType::Bool) {
+                    if m.dims != [b, sk]
+                        || !(m.dtype == DType::F32
+                            || m.dtype == DType::U8
+                            || m.dtype == DType::Bool)
+                    {
                         return Err(format!(
                             "expected a Custom keep-mask f32/u8/bool[{b},{sk}], got {m}"
                         ));
@@ -418,7 +420,10 @@ pub fn infer_shape(op: &Op, inputs: &[Shape]) -> R {
                 return Err("expected axis 1, cache [B, ctx, D] and rows [B, n, D]".into());
             }
             if x.dims[0] != c.dims[0] || x.dims[2] != c.dims[2] || x.dims[1] > c.dims[1] {
-                return Err(format!("expected rows [{}, <= {}, {}]", c.dims[0], c.dims[1], c.dims[2]));
+                return Err(format!(
+                    "expected rows [{}, <= {}, {}]",
+                    c.dims[0], c.dims[1], c.dims[2]
+                ));
             }
             if !pos.dtype.is_index() || pos.dims != [1] {
                 return Err(format!("expected an integer position [1], got {pos}"));
@@ -455,7 +460,10 @@ pub fn infer_shape(op: &Op, inputs: &[Shape]) -> R {
             arity(inputs, 1)?;
             let x = &inputs[0];
             float(x, "x")?;
-            if axes.is_empty() || axes.windows(2).any(|w| w[0] >= w[1]) || axes.iter().any(|&a| a >= x.rank()) {
+            if axes.is_empty()
+                || axes.windows(2).any(|w| w[0] >= w[1])
+                || axes.iter().any(|&a| a >= x.rank())
+            {
                 return Err(format!("expected ascending distinct axes < {}", x.rank()));
             }
             let mut d = Vec::new();

@@ -213,7 +213,8 @@ impl QuantScheme {
     /// Bytes of one packed row of `k` elements, or `None` if `k` is not a
     /// whole number of blocks.
     pub fn row_bytes(self, k: usize) -> Option<usize> {
-        k.is_multiple_of(self.block_elems()).then(|| k / self.block_elems() * self.block_bytes())
+        k.is_multiple_of(self.block_elems())
+            .then(|| k / self.block_elems() * self.block_bytes())
     }
 
     /// GGUF / ggml name (e.g. `Q4_K`).
@@ -459,7 +460,10 @@ impl Op {
 
     /// Whether this is a leaf (Input, Param, Constant): it computes nothing.
     pub fn is_leaf(&self) -> bool {
-        matches!(self, Op::Input { .. } | Op::Param { .. } | Op::Constant { .. })
+        matches!(
+            self,
+            Op::Input { .. } | Op::Param { .. } | Op::Constant { .. }
+        )
     }
 
     /// A one-line description with attributes, for dumps.

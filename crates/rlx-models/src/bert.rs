@@ -87,9 +87,21 @@ impl BertConfig {
     pub fn params(&self) -> Vec<(String, Vec<usize>, bool)> {
         let (h, f) = (self.hidden_size, self.intermediate_size);
         let mut p = vec![
-            ("embeddings.word_embeddings.weight".to_string(), vec![self.vocab_size, h], false),
-            ("embeddings.position_embeddings.weight".into(), vec![self.max_position_embeddings, h], false),
-            ("embeddings.token_type_embeddings.weight".into(), vec![self.type_vocab_size, h], false),
+            (
+                "embeddings.word_embeddings.weight".to_string(),
+                vec![self.vocab_size, h],
+                false,
+            ),
+            (
+                "embeddings.position_embeddings.weight".into(),
+                vec![self.max_position_embeddings, h],
+                false,
+            ),
+            (
+                "embeddings.token_type_embeddings.weight".into(),
+                vec![self.type_vocab_size, h],
+                false,
+            ),
             ("embeddings.LayerNorm.weight".into(), vec![h], false),
             ("embeddings.LayerNorm.bias".into(), vec![h], false),
         ];
@@ -103,8 +115,16 @@ impl BertConfig {
             lin(&mut p, "attention.self.key", h, h);
             lin(&mut p, "attention.self.value", h, h);
             lin(&mut p, "attention.output.dense", h, h);
-            p.push((format!("{pre}attention.output.LayerNorm.weight"), vec![h], false));
-            p.push((format!("{pre}attention.output.LayerNorm.bias"), vec![h], false));
+            p.push((
+                format!("{pre}attention.output.LayerNorm.weight"),
+                vec![h],
+                false,
+            ));
+            p.push((
+                format!("{pre}attention.output.LayerNorm.bias"),
+                vec![h],
+                false,
+            ));
             lin(&mut p, "intermediate.dense", h, f);
             lin(&mut p, "output.dense", f, h);
             p.push((format!("{pre}output.LayerNorm.weight"), vec![h], false));
@@ -128,7 +148,12 @@ pub struct BertOutputs {
 /// Inputs: `input_ids` i64 `[B, S]`, `token_type_ids` i64 `[B, S]`,
 /// `attention_mask` f32 `[B, S]` (1 = token, 0 = padding), used as a
 /// `MaskKind::Custom` keep-mask. Outputs in order: pooled, then tokens.
-pub fn build_graph(cfg: &BertConfig, batch: usize, seq: usize, outs: BertOutputs) -> Result<Graph, IrError> {
+pub fn build_graph(
+    cfg: &BertConfig,
+    batch: usize,
+    seq: usize,
+    outs: BertOutputs,
+) -> Result<Graph, IrError> {
     let (b, s, h) = (batch, seq, cfg.hidden_size);
     let heads = cfg.num_attention_heads;
     let act = cfg.activation().unwrap_or(Activation::Gelu);
@@ -144,9 +169,18 @@ pub fn build_graph(cfg: &BertConfig, batch: usize, seq: usize, outs: BertOutputs
     }
     let p = |n: &str| params[n];
     let pos = g.constant(Tensor::i64(&[s], (0..s as i64).collect()));
-    let word = g.push(Op::Gather { axis: 0 }, vec![p("embeddings.word_embeddings.weight"), ids])?;
-    let posv = g.push(Op::Gather { axis: 0 }, vec![p("embeddings.position_embeddings.weight"), pos])?;
-    let ttv = g.push(Op::Gather { axis: 0 }, vec![p("embeddings.token_type_embeddings.weight"), tt])?;
+    let word = g.push(
+        Op::Gather { axis: 0 },
+        vec![p("embeddings.word_embeddings.weight"), ids],
+    )?;
+    let posv = g.push(
+        Op::Gather { axis: 0 },
+        vec![p("embeddings.position_embeddings.weight"), pos],
+    )?;
+    let ttv = g.push(
+        Op::Gather { axis: 0 },
+        vec![p("embeddings.token_type_embeddings.weight"), tt],
+    )?;
     let e = g.push(Op::Binary(BinaryOp::Add), vec![word, posv])?;
     let e = g.push(Op::Binary(BinaryOp::Add), vec![e, ttv])?;
     let ln = |g: &mut Graph, x: NodeId, pre: &str| {
@@ -162,7 +196,10 @@ pub fn build_graph(cfg: &BertConfig, batch: usize, seq: usize, outs: BertOutputs
     };
     let linear = |g: &mut Graph, x: NodeId, pre: &str| -> Result<NodeId, IrError> {
         let m = g.push(Op::MatMul, vec![x, p(&format!("{pre}.weight"))])?;
-        g.push(Op::Binary(BinaryOp::Add), vec![m, p(&format!("{pre}.bias"))])
+        g.push(
+            Op::Binary(BinaryOp::Add),
+            vec![m, p(&format!("{pre}.bias"))],
+        )
     };
     let mut x = ln(&mut g, e, "embeddings.LayerNorm")?;
     for l in 0..cfg.num_hidden_layers {
@@ -191,15 +228,41 @@ pub fn build_graph(cfg: &BertConfig, batch: usize, seq: usize, outs: BertOutputs
     }
     let mut outputs = Vec::new();
     if outs.pooled {
-        let m3 = g.push(Op::Reshape { shape: vec![b, s, 1] }, vec![mask])?;
+        let m3 = g.push(
+            Op::Reshape {
+                shape: vec![b, s, 1],
+            },
+            vec![mask],
+        )?;
         let xm = g.push(Op::Binary(BinaryOp::Mul), vec![x, m3])?;
-        let sum = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keep_dims: false }, vec![xm])?;
-        let cnt = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keep_dims: true }, vec![mask])?;
+        let sum = g.push(
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                axes: vec![1],
+                keep_dims: false,
+            },
+            vec![xm],
+        )?;
+        let cnt = g.push(
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                axes: vec![1],
+                keep_dims: true,
+            },
+            vec![mask],
+        )?;
         let tiny = g.constant(Tensor::f32(&[1], vec![1e-9]));
         let cnt = g.push(Op::Binary(BinaryOp::Max), vec![cnt, tiny])?;
         let mean = g.push(Op::Binary(BinaryOp::Div), vec![sum, cnt])?;
         let sq = g.push(Op::Binary(BinaryOp::Mul), vec![mean, mean])?;
-        let ss = g.push(Op::Reduce { op: ReduceOp::Sum, axes: vec![1], keep_dims: true }, vec![sq])?;
+        let ss = g.push(
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                axes: vec![1],
+                keep_dims: true,
+            },
+            vec![sq],
+        )?;
         let norm = g.push(Op::Activation(Activation::Sqrt), vec![ss])?;
         let eps12 = g.constant(Tensor::f32(&[1], vec![1e-12]));
         let norm = g.push(Op::Binary(BinaryOp::Max), vec![norm, eps12])?;
@@ -228,9 +291,19 @@ pub fn synthetic_params(cfg: &BertConfig, seed: u64) -> Vec<(String, Vec<f32>)> 
         .map(|(name, dims, _)| {
             let n: usize = dims.iter().product();
             let is_gamma = name.ends_with("LayerNorm.weight");
-            let scale = if name.contains("embeddings") { 0.5 } else { 0.08 };
+            let scale = if name.contains("embeddings") {
+                0.5
+            } else {
+                0.08
+            };
             let v = (0..n)
-                .map(|_| if is_gamma { 1.0 + 0.1 * next() } else { scale * next() })
+                .map(|_| {
+                    if is_gamma {
+                        1.0 + 0.1 * next()
+                    } else {
+                        scale * next()
+                    }
+                })
                 .collect();
             (name, v)
         })

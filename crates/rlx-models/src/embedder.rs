@@ -110,8 +110,8 @@ impl SentenceEmbedder {
             path: cfg_path.clone(),
             message: format!("not a BERT config: {e}"),
         })?;
-        let is_bert = cfg.model_type == "bert"
-            || cfg.architectures.iter().any(|a| a.starts_with("Bert"));
+        let is_bert =
+            cfg.model_type == "bert" || cfg.architectures.iter().any(|a| a.starts_with("Bert"));
         if !is_bert || cfg.activation().is_none() {
             return Err(ModelError::UnknownArchitecture {
                 path: cfg_path,
@@ -141,7 +141,11 @@ impl SentenceEmbedder {
         let file = SafeTensorsFile::open(&weights_path)?;
         let mut weights = Vec::new();
         for (name, dims, transposed) in cfg.params() {
-            let stored = if transposed { vec![dims[1], dims[0]] } else { dims.clone() };
+            let stored = if transposed {
+                vec![dims[1], dims[0]]
+            } else {
+                dims.clone()
+            };
             let data = file.tensor_f32(&name, &stored)?;
             let v = if transposed {
                 let (o, i) = (stored[0], stored[1]);
@@ -182,17 +186,32 @@ impl SentenceEmbedder {
     }
 
     /// The compiled model for a batch shape, compiling it on first use.
-    pub fn model_for(&mut self, batch: usize, seq: usize, tokens: bool) -> Result<&mut CpuModel, ModelError> {
+    pub fn model_for(
+        &mut self,
+        batch: usize,
+        seq: usize,
+        tokens: bool,
+    ) -> Result<&mut CpuModel, ModelError> {
         let key = (batch, seq, tokens);
         if !self.models.contains_key(&key) {
-            let g = build_graph(&self.cfg, batch, seq, BertOutputs { pooled: true, tokens })
-                .map_err(|e| ModelError::Graph(e.to_string()))?;
+            let g = build_graph(
+                &self.cfg,
+                batch,
+                seq,
+                BertOutputs {
+                    pooled: true,
+                    tokens,
+                },
+            )
+            .map_err(|e| ModelError::Graph(e.to_string()))?;
             let g = if self.opts.optimize {
                 let opt = rlx_opt::OptOptions {
                     target: std::sync::Arc::new(|_: &rlx_ir::Op| true),
                     ..Default::default()
                 };
-                rlx_opt::optimize(&g, &opt).map_err(|e| ModelError::Graph(e.to_string()))?.0
+                rlx_opt::optimize(&g, &opt)
+                    .map_err(|e| ModelError::Graph(e.to_string()))?
+                    .0
             } else {
                 g
             };
@@ -218,12 +237,19 @@ impl SentenceEmbedder {
     }
 
     /// Embed, also returning the last hidden states per text (`len x hidden`, unpadded).
-    pub fn embed_with_tokens(&mut self, texts: &[&str]) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>), ModelError> {
+    pub fn embed_with_tokens(
+        &mut self,
+        texts: &[&str],
+    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>), ModelError> {
         let (e, t) = self.embed_batch(texts, true)?;
         Ok((e, t.unwrap_or_default()))
     }
 
-    fn embed_batch(&mut self, texts: &[&str], tokens: bool) -> Result<(Vec<Vec<f32>>, Option<Vec<Vec<f32>>>), ModelError> {
+    fn embed_batch(
+        &mut self,
+        texts: &[&str],
+        tokens: bool,
+    ) -> Result<(Vec<Vec<f32>>, Option<Vec<Vec<f32>>>), ModelError> {
         if texts.is_empty() {
             return Ok((vec![], tokens.then(Vec::new)));
         }

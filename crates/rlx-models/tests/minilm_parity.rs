@@ -21,20 +21,38 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/minilm_embeddings.json");
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/minilm_embeddings.json"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let s = v["sentences"].as_array().unwrap();
     (0..s.len())
         .map(|i| Case {
             text: s[i].as_str().unwrap().to_string(),
-            ids: v["token_ids"][i].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect(),
-            emb: v["embeddings"][i].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect(),
+            ids: v["token_ids"][i]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_i64().unwrap())
+                .collect(),
+            emb: v["embeddings"][i]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect(),
         })
         .collect()
 }
 
 fn check(got: &[f32], want: &[f32], what: &str) {
-    let max_abs = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let max_abs = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
     let dot: f32 = got.iter().zip(want).map(|(a, b)| a * b).sum();
     let na = got.iter().map(|a| a * a).sum::<f32>().sqrt();
     let nb = want.iter().map(|a| a * a).sum::<f32>().sqrt();
@@ -52,19 +70,39 @@ fn minilm_matches_pytorch_in_every_mode() {
     let cases = cases();
     assert_eq!(cases.len(), 12);
     for hybrid in [false, true] {
-        let mut m = SentenceEmbedder::load_with(&dir, EmbedOptions { hybrid, ..Default::default() }).unwrap();
+        let mut m = SentenceEmbedder::load_with(
+            &dir,
+            EmbedOptions {
+                hybrid,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         for c in &cases {
             let batch = m.tokenizer().encode_batch(&[c.text.as_str()]).unwrap();
-            assert_eq!(batch.row_ids(0).unwrap(), &c.ids[..], "token ids of {:?}", c.text);
+            assert_eq!(
+                batch.row_ids(0).unwrap(),
+                &c.ids[..],
+                "token ids of {:?}",
+                c.text
+            );
         }
         let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
         let batched = m.embed(&texts).unwrap();
         for (c, got) in cases.iter().zip(&batched) {
-            check(got, &c.emb, &format!("hybrid={hybrid} batched {:?}", c.text));
+            check(
+                got,
+                &c.emb,
+                &format!("hybrid={hybrid} batched {:?}", c.text),
+            );
         }
         for c in &cases {
             let one = m.embed(&[c.text.as_str()]).unwrap();
-            check(&one[0], &c.emb, &format!("hybrid={hybrid} single {:?}", c.text));
+            check(
+                &one[0],
+                &c.emb,
+                &format!("hybrid={hybrid} single {:?}", c.text),
+            );
         }
     }
 }
@@ -73,13 +111,22 @@ fn minilm_matches_pytorch_in_every_mode() {
 fn bad_model_directories_are_clear_errors() {
     let tmp = std::env::temp_dir().join(format!("rlx-bad-model-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
-    let err = SentenceEmbedder::load(&tmp).err().expect("empty dir must fail").to_string();
+    let err = SentenceEmbedder::load(&tmp)
+        .err()
+        .expect("empty dir must fail")
+        .to_string();
     assert!(err.contains("config.json"), "{err}");
     std::fs::write(tmp.join("config.json"), r#"{"hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16, "vocab_size": 10, "max_position_embeddings": 16, "model_type": "gpt2", "architectures": ["GPT2Model"]}"#).unwrap();
-    let err = SentenceEmbedder::load(&tmp).err().expect("gpt2 must fail").to_string();
+    let err = SentenceEmbedder::load(&tmp)
+        .err()
+        .expect("gpt2 must fail")
+        .to_string();
     assert!(err.contains("unsupported architecture"), "{err}");
     std::fs::write(tmp.join("config.json"), "{not json").unwrap();
-    let err = SentenceEmbedder::load(&tmp).err().expect("bad json must fail").to_string();
+    let err = SentenceEmbedder::load(&tmp)
+        .err()
+        .expect("bad json must fail")
+        .to_string();
     assert!(err.contains("invalid JSON"), "{err}");
     std::fs::remove_dir_all(&tmp).ok();
 }

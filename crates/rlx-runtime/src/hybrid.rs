@@ -11,7 +11,6 @@ mod split;
 
 pub use extract::{extract, SubGraph};
 pub use plan::{
-    build_plan, HybridPlan, PlanReport, RangeOp, RangeReport, SegmentCompiler, SegmentReport,
-    Step,
+    build_plan, HybridPlan, PlanReport, RangeOp, RangeReport, SegmentCompiler, SegmentReport, Step,
 };
 pub use split::{segment, CompiledSegment, Segment, SplitPolicy};

@@ -146,8 +146,10 @@ impl CompiledModel {
 
     /// Run with f32 inputs; returns one f32 vector per graph output.
     pub fn run(&mut self, inputs: &[(&str, &[f32])]) -> Result<Vec<Vec<f32>>, Error> {
-        let typed: Vec<(&str, TensorRef<'_>)> =
-            inputs.iter().map(|(n, d)| (*n, TensorRef::F32(d))).collect();
+        let typed: Vec<(&str, TensorRef<'_>)> = inputs
+            .iter()
+            .map(|(n, d)| (*n, TensorRef::F32(d)))
+            .collect();
         self.run_typed(&typed)?
             .into_iter()
             .enumerate()

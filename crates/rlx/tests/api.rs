@@ -29,23 +29,42 @@ fn design_surface_compiles_and_runs() {
     g.verify().unwrap();
     let _ = (BinaryOp::Add, MaskKind::Causal, MaskKind::SlidingWindow(4));
     let segs: Vec<Segment> = segment(&g, &SplitPolicy::default());
-    let Segment::Compiled(CompiledSegment { nodes, boundary_inputs, boundary_outputs }) = &segs[0] else {
+    let Segment::Compiled(CompiledSegment {
+        nodes,
+        boundary_inputs,
+        boundary_outputs,
+    }) = &segs[0]
+    else {
         panic!("expected one compiled segment")
     };
     assert_eq!(nodes, &vec![NodeId(2), NodeId(3)]);
     assert_eq!(boundary_inputs, &vec![NodeId(0), NodeId(1)]);
     assert_eq!(boundary_outputs, &vec![NodeId(3)]);
     let custom = SplitPolicy::new(|op: &Op| !matches!(op, Op::Activation(_)));
-    assert!(matches!(segment(&g, &custom)[1], Segment::Thunks { start: 3, end: 4 }));
+    assert!(matches!(
+        segment(&g, &custom)[1],
+        Segment::Thunks { start: 3, end: 4 }
+    ));
 
     for mode in [ExecMode::Thunks, ExecMode::Hybrid] {
-        let mut m = Session::new(Device::Cpu).mode(mode).compile(g.clone()).unwrap();
-        m.set_param("w", &[1.0, -1.0, 0.5, 0.0, 2.0, 1.0, -1.0, 0.0, 0.0, 0.0, 1.0, 3.0]).unwrap();
+        let mut m = Session::new(Device::Cpu)
+            .mode(mode)
+            .compile(g.clone())
+            .unwrap();
+        m.set_param(
+            "w",
+            &[1.0, -1.0, 0.5, 0.0, 2.0, 1.0, -1.0, 0.0, 0.0, 0.0, 1.0, 3.0],
+        )
+        .unwrap();
         let out: Vec<Vec<f32>> = m.run(&[("x", &[1.0, 2.0, 3.0, -1.0, 0.0, 1.0])]).unwrap();
         // Row 0: [1,2,3] x w = [5, 1, 1.5, 9]; row 1: [-1,0,1] x w = [-1, 1, 0.5, 3] -> relu.
         assert_eq!(out, vec![vec![5.0, 1.0, 1.5, 9.0, 0.0, 1.0, 0.5, 3.0]]);
         let st: PlanStats = m.plan_stats();
-        let want = if mode == ExecMode::Hybrid { (1, 0, 1) } else { (0, 1, 2) };
+        let want = if mode == ExecMode::Hybrid {
+            (1, 0, 1)
+        } else {
+            (0, 1, 2)
+        };
         assert_eq!((st.compiled_segments, st.thunk_ranges, st.dispatches), want);
     }
 }
@@ -58,7 +77,10 @@ fn compiled() -> rlx::CompiledModel {
 fn missing_param_is_an_error() {
     let mut m = compiled();
     let e = m.run(&[("x", &[0.0; 6])]).unwrap_err();
-    assert!(matches!(e, Error::Runtime(RuntimeError::MissingParam { ref name, .. }) if name == "w"), "{e}");
+    assert!(
+        matches!(e, Error::Runtime(RuntimeError::MissingParam { ref name, .. }) if name == "w"),
+        "{e}"
+    );
     assert!(e.to_string().contains("f32[3,4]"), "{e}");
 }
 
@@ -69,7 +91,17 @@ fn wrong_length_is_an_error() {
     assert!(e.to_string().contains("expected 12 elements"), "{e}");
     m.set_param("w", &[0.0; 12]).unwrap();
     let e = m.run(&[("x", &[0.0; 5])]).unwrap_err();
-    assert!(matches!(e, Error::Runtime(RuntimeError::WrongLength { expected: 6, got: 5, .. })), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Runtime(RuntimeError::WrongLength {
+                expected: 6,
+                got: 5,
+                ..
+            })
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -77,11 +109,20 @@ fn unknown_input_and_param_are_errors() {
     let mut m = compiled();
     m.set_param("w", &[0.0; 12]).unwrap();
     let e = m.run(&[("y", &[0.0; 6])]).unwrap_err();
-    assert!(e.to_string().contains("no input named 'y'") && e.to_string().contains("x"), "{e}");
+    assert!(
+        e.to_string().contains("no input named 'y'") && e.to_string().contains("x"),
+        "{e}"
+    );
     let e = m.set_param("nope", &[0.0; 12]).unwrap_err();
-    assert!(matches!(e, Error::Runtime(RuntimeError::UnknownParam { .. })), "{e}");
+    assert!(
+        matches!(e, Error::Runtime(RuntimeError::UnknownParam { .. })),
+        "{e}"
+    );
     let e = m.run(&[]).unwrap_err();
-    assert!(matches!(e, Error::Runtime(RuntimeError::MissingInput { .. })), "{e}");
+    assert!(
+        matches!(e, Error::Runtime(RuntimeError::MissingInput { .. })),
+        "{e}"
+    );
 }
 
 #[test]
@@ -89,7 +130,10 @@ fn duplicate_input_is_an_error_and_params_replace() {
     let mut m = compiled();
     m.set_param("w", &[0.0; 12]).unwrap();
     let e = m.run(&[("x", &[0.0; 6]), ("x", &[1.0; 6])]).unwrap_err();
-    assert!(matches!(e, Error::Runtime(RuntimeError::DuplicateInput { .. })), "{e}");
+    assert!(
+        matches!(e, Error::Runtime(RuntimeError::DuplicateInput { .. })),
+        "{e}"
+    );
     let mut w = vec![0.0; 12];
     w[0] = 1.0;
     m.set_param("w", &w).unwrap();
@@ -107,10 +151,25 @@ fn wrong_dtype_is_an_error() {
     let mut m = Session::new(Device::Cpu).compile(g).unwrap();
     m.set_param("t", &[0.0; 10]).unwrap();
     let e = m.run(&[("ids", &[0.0; 3])]).unwrap_err();
-    assert!(matches!(e, Error::Runtime(RuntimeError::WrongDType { expected: DType::I64, got: DType::F32, .. })), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Runtime(RuntimeError::WrongDType {
+                expected: DType::I64,
+                got: DType::F32,
+                ..
+            })
+        ),
+        "{e}"
+    );
     // Out-of-range ids are errors naming the node, not panics.
-    let e = m.run_typed(&[("ids", rlx::TensorRef::I64(&[0, 5, 1]))]).unwrap_err();
-    assert!(e.to_string().contains("Gather") && e.to_string().contains('5'), "{e}");
+    let e = m
+        .run_typed(&[("ids", rlx::TensorRef::I64(&[0, 5, 1]))])
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("Gather") && e.to_string().contains('5'),
+        "{e}"
+    );
 }
 
 #[test]
@@ -120,16 +179,32 @@ fn invalid_graph_is_an_error_naming_the_node() {
     let b = g.input("b", Shape::f32(&[4, 5]));
     let y = g.matmul(a, b, Shape::f32(&[2, 5]));
     g.set_outputs(vec![y]);
-    let e = Session::new(Device::Cpu).compile(g).err().expect("must fail");
+    let e = Session::new(Device::Cpu)
+        .compile(g)
+        .err()
+        .expect("must fail");
     let msg = e.to_string();
-    assert!(msg.contains("%2") && msg.contains("MatMul") && msg.contains("f32[2,3]") && msg.contains("f32[4,5]"), "{msg}");
+    assert!(
+        msg.contains("%2")
+            && msg.contains("MatMul")
+            && msg.contains("f32[2,3]")
+            && msg.contains("f32[4,5]"),
+        "{msg}"
+    );
 
     let mut g = Graph::new("recorded");
     let a = g.input("a", Shape::f32(&[2]));
     let y = g.activation(Activation::Tanh, a, Shape::f32(&[3]));
     g.set_outputs(vec![y]);
-    let msg = Session::new(Device::Cpu).compile(g).err().unwrap().to_string();
-    assert!(msg.contains("recorded shape f32[3]") && msg.contains("f32[2]"), "{msg}");
+    let msg = Session::new(Device::Cpu)
+        .compile(g)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        msg.contains("recorded shape f32[3]") && msg.contains("f32[2]"),
+        "{msg}"
+    );
 
     let mut g = Graph::new("no outputs");
     g.input("a", Shape::f32(&[2]));
@@ -138,5 +213,10 @@ fn invalid_graph_is_an_error_naming_the_node() {
     let mut g = Graph::new("unknown output");
     g.input("a", Shape::f32(&[2]));
     g.set_outputs(vec![NodeId(9)]);
-    assert!(Session::new(Device::Cpu).compile(g).err().unwrap().to_string().contains("%9"));
+    assert!(Session::new(Device::Cpu)
+        .compile(g)
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("%9"));
 }

@@ -18,9 +18,14 @@ fn bindings(cfg: &BertConfig, b: usize, s: usize, lens: &[usize]) -> HashMap<Str
             (n, Tensor::f32(&dims, v))
         })
         .collect();
-    let ids = (0..b * s).map(|_| rng.below(cfg.vocab_size) as i64).collect();
+    let ids = (0..b * s)
+        .map(|_| rng.below(cfg.vocab_size) as i64)
+        .collect();
     m.insert("input_ids".into(), Tensor::i64(&[b, s], ids));
-    m.insert("token_type_ids".into(), Tensor::i64(&[b, s], vec![0; b * s]));
+    m.insert(
+        "token_type_ids".into(),
+        Tensor::i64(&[b, s], vec![0; b * s]),
+    );
     let mut mask = vec![0f32; b * s];
     for (i, &l) in lens.iter().enumerate() {
         mask[i * s..i * s + l].fill(1.0);
@@ -32,29 +37,68 @@ fn bindings(cfg: &BertConfig, b: usize, s: usize, lens: &[usize]) -> HashMap<Str
 #[test]
 fn bert6_thunks_equal_reference_and_hybrid_equals_thunks() {
     let cfg = BertConfig::minilm_l6();
-    let g = build_graph(&cfg, 1, 128, BertOutputs { pooled: true, tokens: true }).unwrap();
+    let g = build_graph(
+        &cfg,
+        1,
+        128,
+        BertOutputs {
+            pooled: true,
+            tokens: true,
+        },
+    )
+    .unwrap();
     let b = bindings(&cfg, 1, 128, &[128]);
     let want = reference(&g, &b);
 
-    let mut thunks = Session::new(Device::Cpu).mode(ExecMode::Thunks).compile(g.clone()).unwrap();
+    let mut thunks = Session::new(Device::Cpu)
+        .mode(ExecMode::Thunks)
+        .compile(g.clone())
+        .unwrap();
     let t = run_compiled(&mut thunks, &g, &b);
     assert_close(&t[0], &want[0], 1e-5, "pooled, thunks vs reference");
     assert_close(&t[1], &want[1], 1e-5, "tokens, thunks vs reference");
     let mem = thunks.memory();
-    assert!(mem.arena_bytes < mem.naive_bytes, "arena {} >= naive {}", mem.arena_bytes, mem.naive_bytes);
-    eprintln!("BERT-6 1x128 thunks arena {} B, naive sum {} B", mem.arena_bytes, mem.naive_bytes);
+    assert!(
+        mem.arena_bytes < mem.naive_bytes,
+        "arena {} >= naive {}",
+        mem.arena_bytes,
+        mem.naive_bytes
+    );
+    eprintln!(
+        "BERT-6 1x128 thunks arena {} B, naive sum {} B",
+        mem.arena_bytes, mem.naive_bytes
+    );
 
-    let mut hybrid = Session::new(Device::Cpu).mode(ExecMode::Hybrid).compile(g.clone()).unwrap();
+    let mut hybrid = Session::new(Device::Cpu)
+        .mode(ExecMode::Hybrid)
+        .compile(g.clone())
+        .unwrap();
     let h = run_compiled(&mut hybrid, &g, &b);
     assert_close(&h[0], &t[0], 1e-5, "pooled, hybrid vs thunks");
     assert_close(&h[1], &t[1], 1e-5, "tokens, hybrid vs thunks");
 
     // The plan check uses the encoder alone (token outputs): pooling adds a
     // sequence reduction that no row-local segment can take.
-    let enc = build_graph(&cfg, 1, 128, BertOutputs { pooled: false, tokens: true }).unwrap();
-    let hybrid = Session::new(Device::Cpu).mode(ExecMode::Hybrid).compile(enc).unwrap();
+    let enc = build_graph(
+        &cfg,
+        1,
+        128,
+        BertOutputs {
+            pooled: false,
+            tokens: true,
+        },
+    )
+    .unwrap();
+    let hybrid = Session::new(Device::Cpu)
+        .mode(ExecMode::Hybrid)
+        .compile(enc)
+        .unwrap();
     let r = hybrid.plan_report();
-    let attn_ranges = r.ranges.iter().filter(|x| x.ops.iter().any(|o| o.op == "Attention")).count();
+    let attn_ranges = r
+        .ranges
+        .iter()
+        .filter(|x| x.ops.iter().any(|o| o.op == "Attention"))
+        .count();
     assert_eq!(attn_ranges, 6, "{r:#?}");
     let declined: usize = r
         .ranges
@@ -63,7 +107,11 @@ fn bert6_thunks_equal_reference_and_hybrid_equals_thunks() {
         .filter(|o| o.op != "Attention")
         .inspect(|o| assert!(!o.reason.is_empty(), "{o:?} has no reason"))
         .count();
-    assert!(r.dispatches <= 13 + declined, "{} dispatches, {declined} declined", r.dispatches);
+    assert!(
+        r.dispatches <= 13 + declined,
+        "{} dispatches, {declined} declined",
+        r.dispatches
+    );
     assert_eq!(r.compiled_segments, 7);
 }
 
@@ -71,11 +119,24 @@ fn bert6_thunks_equal_reference_and_hybrid_equals_thunks() {
 fn bert6_batched_with_padding_hybrid_equals_thunks() {
     let mut cfg = BertConfig::minilm_l6();
     cfg.num_hidden_layers = 2;
-    let g = build_graph(&cfg, 3, 40, BertOutputs { pooled: true, tokens: false }).unwrap();
+    let g = build_graph(
+        &cfg,
+        3,
+        40,
+        BertOutputs {
+            pooled: true,
+            tokens: false,
+        },
+    )
+    .unwrap();
     let b = bindings(&cfg, 3, 40, &[40, 17, 1]);
     let want = reference(&g, &b);
     for mode in [ExecMode::Thunks, ExecMode::Hybrid] {
-        let got = run_session(&Session::new(Device::Cpu).mode(mode).poison_freed(true), &g, &b);
+        let got = run_session(
+            &Session::new(Device::Cpu).mode(mode).poison_freed(true),
+            &g,
+            &b,
+        );
         assert_close(&got[0], &want[0], 1e-5, &format!("{mode:?} vs reference"));
     }
 }

@@ -34,9 +34,17 @@ fn check_all(g: &Graph, b: &HashMap<String, Tensor>, rel: f32, ref_rel: f32) {
     let h = run_session(&hybrid(), g, b);
     let hp = run_session(&hybrid().poison_freed(true), g, b);
     for i in 0..want.len() {
-        assert_close(&t[i], &want[i], ref_rel, &format!("thunks vs reference, output {i}"));
+        assert_close(
+            &t[i],
+            &want[i],
+            ref_rel,
+            &format!("thunks vs reference, output {i}"),
+        );
         assert_close(&h[i], &t[i], rel, &format!("hybrid vs thunks, output {i}"));
-        assert_eq!(h[i], hp[i], "poisoned hybrid run differs: memory reused too early");
+        assert_eq!(
+            h[i], hp[i],
+            "poisoned hybrid run differs: memory reused too early"
+        );
     }
 }
 
@@ -65,7 +73,10 @@ fn pure_mlp_is_one_compiled_segment() {
     assert_eq!(kinds(&segs), ["compiled"]);
     let m = hybrid().compile(g.clone()).unwrap();
     let st = m.plan_stats();
-    assert_eq!((st.compiled_segments, st.thunk_ranges, st.dispatches), (1, 0, 1));
+    assert_eq!(
+        (st.compiled_segments, st.thunk_ranges, st.dispatches),
+        (1, 0, 1)
+    );
     check_all(&g, &random_bindings(&g, &mut Rng::new(1), 1.0), 1e-5, 1e-5);
 }
 
@@ -83,12 +94,22 @@ fn qkv_attention(b: usize, s: usize, heads: usize, dim: usize, with_bias: bool) 
     }
     let parts: Vec<NodeId> = (0..3)
         .map(|i| {
-            g.push(Op::Narrow { axis: 2, start: i * h, len: h }, vec![qkv])
-                .unwrap()
+            g.push(
+                Op::Narrow {
+                    axis: 2,
+                    start: i * h,
+                    len: h,
+                },
+                vec![qkv],
+            )
+            .unwrap()
         })
         .collect();
     let a = g
-        .push(attn(heads, dim, MaskKind::Custom), vec![parts[0], parts[1], parts[2], mask])
+        .push(
+            attn(heads, dim, MaskKind::Custom),
+            vec![parts[0], parts[1], parts[2], mask],
+        )
         .unwrap();
     let wo = g.param("wo", Shape::f32(&[h, h]));
     let y = g.push(Op::MatMul, vec![a, wo]).unwrap();
@@ -115,11 +136,25 @@ fn attention_splits_compiled_thunks_compiled() {
         .find(|n| matches!(n.op, Op::Attention { .. }))
         .unwrap()
         .id;
-    let Segment::Compiled(first) = &segs[0] else { unreachable!() };
-    assert_eq!(first.boundary_outputs.len(), 3, "q, k, v leave the first segment");
-    let Segment::Compiled(after) = &segs[2] else { unreachable!() };
+    let Segment::Compiled(first) = &segs[0] else {
+        unreachable!()
+    };
+    assert_eq!(
+        first.boundary_outputs.len(),
+        3,
+        "q, k, v leave the first segment"
+    );
+    let Segment::Compiled(after) = &segs[2] else {
+        unreachable!()
+    };
     assert!(after.boundary_inputs.contains(&attn_id));
-    assert_eq!(segs[1], Segment::Thunks { start: attn_id.index(), end: attn_id.index() + 1 });
+    assert_eq!(
+        segs[1],
+        Segment::Thunks {
+            start: attn_id.index(),
+            end: attn_id.index() + 1
+        }
+    );
 }
 
 /// (a) QKV matmul+bias -> 3 narrows -> attention at hidden 384, 12 heads,
@@ -144,20 +179,82 @@ fn failure_case_b_five_boundary_outputs() {
     let x = g.input("x", Shape::f32(&[bsz, s, h]));
     let w = g.param("w", Shape::f32(&[h, 3 * h + 2 * heads]));
     let p = g.push(Op::MatMul, vec![x, w]).unwrap();
-    let q = g.push(Op::Narrow { axis: 2, start: 0, len: h }, vec![p]).unwrap();
-    let k = g.push(Op::Narrow { axis: 2, start: h, len: h }, vec![p]).unwrap();
-    let v = g.push(Op::Narrow { axis: 2, start: 2 * h, len: h }, vec![p]).unwrap();
-    let gg = g.push(Op::Narrow { axis: 2, start: 3 * h, len: heads }, vec![p]).unwrap();
-    let gg = g.push(Op::Activation(Activation::Softplus), vec![gg]).unwrap();
-    let beta = g.push(Op::Narrow { axis: 2, start: 3 * h + heads, len: heads }, vec![p]).unwrap();
-    let beta = g.push(Op::Activation(Activation::Sigmoid), vec![beta]).unwrap();
-    let a = g.push(attn(heads, dim, MaskKind::Causal), vec![q, k, v]).unwrap();
+    let q = g
+        .push(
+            Op::Narrow {
+                axis: 2,
+                start: 0,
+                len: h,
+            },
+            vec![p],
+        )
+        .unwrap();
+    let k = g
+        .push(
+            Op::Narrow {
+                axis: 2,
+                start: h,
+                len: h,
+            },
+            vec![p],
+        )
+        .unwrap();
+    let v = g
+        .push(
+            Op::Narrow {
+                axis: 2,
+                start: 2 * h,
+                len: h,
+            },
+            vec![p],
+        )
+        .unwrap();
+    let gg = g
+        .push(
+            Op::Narrow {
+                axis: 2,
+                start: 3 * h,
+                len: heads,
+            },
+            vec![p],
+        )
+        .unwrap();
+    let gg = g
+        .push(Op::Activation(Activation::Softplus), vec![gg])
+        .unwrap();
+    let beta = g
+        .push(
+            Op::Narrow {
+                axis: 2,
+                start: 3 * h + heads,
+                len: heads,
+            },
+            vec![p],
+        )
+        .unwrap();
+    let beta = g
+        .push(Op::Activation(Activation::Sigmoid), vec![beta])
+        .unwrap();
+    let a = g
+        .push(attn(heads, dim, MaskKind::Causal), vec![q, k, v])
+        .unwrap();
     let gb = g.push(Op::Binary(BinaryOp::Mul), vec![gg, beta]).unwrap();
-    let gate = g.push(Op::Reduce { op: rlx::ir::op::ReduceOp::Sum, axes: vec![2], keep_dims: true }, vec![gb]).unwrap();
+    let gate = g
+        .push(
+            Op::Reduce {
+                op: rlx::ir::op::ReduceOp::Sum,
+                axes: vec![2],
+                keep_dims: true,
+            },
+            vec![gb],
+        )
+        .unwrap();
     let y = g.push(Op::Binary(BinaryOp::Mul), vec![a, gate]).unwrap();
     g.set_outputs(vec![y]);
     let segs = segment(&g, &SplitPolicy::default());
-    let Segment::Compiled(first) = &segs[0] else { panic!("first step compiled") };
+    let Segment::Compiled(first) = &segs[0] else {
+        panic!("first step compiled")
+    };
     assert_eq!(first.boundary_outputs.len(), 5, "q, k, v, g, beta");
     check_all(&g, &random_bindings(&g, &mut Rng::new(3), 0.5), 1e-5, 1e-4);
 }
@@ -171,14 +268,24 @@ fn failure_case_c_attentions_separated_by_params() {
     let x = g.input("x", Shape::f32(&[b, s, h]));
     let w = g.param("w", Shape::f32(&[h, h]));
     let q = g.push(Op::MatMul, vec![x, w]).unwrap();
-    let a1 = g.push(attn(heads, dim, MaskKind::None), vec![q, q, q]).unwrap();
+    let a1 = g
+        .push(attn(heads, dim, MaskKind::None), vec![q, q, q])
+        .unwrap();
     let kv = g.param("kv", Shape::f32(&[b, s, h]));
-    let a2 = g.push(attn(heads, dim, MaskKind::Causal), vec![a1, kv, kv]).unwrap();
+    let a2 = g
+        .push(attn(heads, dim, MaskKind::Causal), vec![a1, kv, kv])
+        .unwrap();
     let y = g.push(Op::Activation(Activation::Tanh), vec![a2]).unwrap();
     g.set_outputs(vec![y]);
     let segs = segment(&g, &SplitPolicy::default());
     assert_eq!(kinds(&segs), ["compiled", "thunks", "compiled"]);
-    assert_eq!(segs[1], Segment::Thunks { start: a1.index(), end: a2.index() + 1 });
+    assert_eq!(
+        segs[1],
+        Segment::Thunks {
+            start: a1.index(),
+            end: a2.index() + 1
+        }
+    );
     check_all(&g, &random_bindings(&g, &mut Rng::new(4), 0.5), 1e-5, 1e-4);
 }
 
@@ -194,18 +301,44 @@ fn failure_cases_d_and_e_shared_boundary_outputs() {
     let gamma = g.param("gamma", Shape::f32(&[h]));
     let beta = g.param("beta", Shape::f32(&[h]));
     let x1 = g.push(Op::MatMul, vec![x, w]).unwrap();
-    let x1 = g.push(Op::LayerNorm { axis: -1, eps: 1e-5 }, vec![x1, gamma, beta]).unwrap();
-    let a1 = g.push(attn(heads, dim, MaskKind::Causal), vec![x1, x1, x1]).unwrap();
+    let x1 = g
+        .push(
+            Op::LayerNorm {
+                axis: -1,
+                eps: 1e-5,
+            },
+            vec![x1, gamma, beta],
+        )
+        .unwrap();
+    let a1 = g
+        .push(attn(heads, dim, MaskKind::Causal), vec![x1, x1, x1])
+        .unwrap();
     let r1 = g.push(Op::Binary(BinaryOp::Add), vec![a1, x1]).unwrap();
-    let a2 = g.push(attn(heads, dim, MaskKind::SlidingWindow(5)), vec![r1, r1, r1]).unwrap();
+    let a2 = g
+        .push(
+            attn(heads, dim, MaskKind::SlidingWindow(5)),
+            vec![r1, r1, r1],
+        )
+        .unwrap();
     let r2 = g.push(Op::Binary(BinaryOp::Add), vec![a2, x1]).unwrap();
     g.set_outputs(vec![r2, x1]);
     let segs = segment(&g, &SplitPolicy::default());
-    assert_eq!(kinds(&segs), ["compiled", "thunks", "compiled", "thunks", "compiled"]);
-    let Segment::Compiled(s0) = &segs[0] else { unreachable!() };
-    assert_eq!(s0.boundary_outputs, vec![x1], "x1 is both a graph output and a boundary output");
+    assert_eq!(
+        kinds(&segs),
+        ["compiled", "thunks", "compiled", "thunks", "compiled"]
+    );
+    let Segment::Compiled(s0) = &segs[0] else {
+        unreachable!()
+    };
+    assert_eq!(
+        s0.boundary_outputs,
+        vec![x1],
+        "x1 is both a graph output and a boundary output"
+    );
     for i in [2, 4] {
-        let Segment::Compiled(si) = &segs[i] else { unreachable!() };
+        let Segment::Compiled(si) = &segs[i] else {
+            unreachable!()
+        };
         assert!(si.boundary_inputs.contains(&x1), "segment {i} reads x1");
     }
     check_all(&g, &random_bindings(&g, &mut Rng::new(5), 0.5), 1e-5, 1e-4);
@@ -218,7 +351,11 @@ fn declined_ops_are_explained() {
     let r = m.plan_report();
     assert_eq!(r.ranges.len(), 1);
     assert_eq!(r.ranges[0].ops[0].op, "Attention");
-    assert!(r.ranges[0].ops[0].reason.starts_with("policy"), "{:?}", r.ranges[0]);
+    assert!(
+        r.ranges[0].ops[0].reason.starts_with("policy"),
+        "{:?}",
+        r.ranges[0]
+    );
     assert_eq!(r.dispatches, 3);
     assert_eq!(r.dispatches_thunks_only, 7);
 }
@@ -241,7 +378,10 @@ fn memory_plan_never_overlaps_live_tensors() {
     for hybrid in [false, true] {
         let m = rlx::cpu::CpuModel::compile(
             g.clone(),
-            &rlx::cpu::CpuOptions { hybrid, ..Default::default() },
+            &rlx::cpu::CpuOptions {
+                hybrid,
+                ..Default::default()
+            },
         )
         .unwrap();
         m.check_memory_plan().unwrap();

@@ -33,7 +33,11 @@ fn random_graph(seed: u64, n_ops: usize) -> Graph {
             }
             1 => {
                 let act = Activation::ALL[r.below(Activation::ALL.len())];
-                let act = if matches!(act, Activation::Sqrt | Activation::Rsqrt | Activation::Exp) { Activation::Tanh } else { act };
+                let act = if matches!(act, Activation::Sqrt | Activation::Rsqrt | Activation::Exp) {
+                    Activation::Tanh
+                } else {
+                    act
+                };
                 g.push(Op::Activation(act), vec![a])
             }
             2 if g.node(c).shape == g.node(a).shape => {
@@ -47,26 +51,56 @@ fn random_graph(seed: u64, n_ops: usize) -> Graph {
             4 => {
                 let gm = g.param(&format!("g{i}"), Shape::f32(&[w]));
                 let bt = g.param(&format!("be{i}"), Shape::f32(&[w]));
-                g.push(Op::LayerNorm { axis: -1, eps: 1e-5 }, vec![a, gm, bt])
+                g.push(
+                    Op::LayerNorm {
+                        axis: -1,
+                        eps: 1e-5,
+                    },
+                    vec![a, gm, bt],
+                )
             }
             5 if w >= 2 => {
                 let len = 1 + r.below(w - 1);
-                g.push(Op::Narrow { axis: ad.len() - 1, start: r.below(w - len + 1), len }, vec![a])
+                g.push(
+                    Op::Narrow {
+                        axis: ad.len() - 1,
+                        start: r.below(w - len + 1),
+                        len,
+                    },
+                    vec![a],
+                )
             }
             6 if w % 2 == 0 && ad.len() == 3 => {
                 let heads = if w % 4 == 0 { 2 } else { 1 };
                 let mk = [MaskKind::None, MaskKind::Causal, MaskKind::SlidingWindow(2)][r.below(3)];
-                let op = Op::Attention { num_heads: heads, head_dim: w / heads, mask_kind: mk, score_scale: None, attn_logit_softcap: None };
+                let op = Op::Attention {
+                    num_heads: heads,
+                    head_dim: w / heads,
+                    mask_kind: mk,
+                    score_scale: None,
+                    attn_logit_softcap: None,
+                };
                 g.push(op, vec![a, a, a])
             }
             7 => g.push(Op::Softmax { axis: ad.len() - 1 }, vec![a]),
             8 => {
                 let gm = g.param(&format!("r{i}"), Shape::f32(&[w]));
-                g.push(Op::RmsNorm { axis: -1, eps: 1e-5 }, vec![a, gm])
+                g.push(
+                    Op::RmsNorm {
+                        axis: -1,
+                        eps: 1e-5,
+                    },
+                    vec![a, gm],
+                )
             }
             _ => {
                 let rows: usize = ad[..ad.len() - 1].iter().product();
-                g.push(Op::Reshape { shape: vec![rows, w] }, vec![a])
+                g.push(
+                    Op::Reshape {
+                        shape: vec![rows, w],
+                    },
+                    vec![a],
+                )
             }
         };
         if let Ok(id) = out {
@@ -121,14 +155,30 @@ fn in_place_chains_respect_escaping_values() {
         let mut g = Graph::new("small");
         let x = g.input("x", Shape::f32(&[1, 3, 4]));
         let r = g.param("r", Shape::f32(&[4]));
-        let n5 = g.push(Op::RmsNorm { axis: -1, eps: 1e-5 }, vec![x, r]).unwrap();
+        let n5 = g
+            .push(
+                Op::RmsNorm {
+                    axis: -1,
+                    eps: 1e-5,
+                },
+                vec![x, r],
+            )
+            .unwrap();
         let t = g.push(Op::Activation(Activation::Tanh), vec![n5]).unwrap();
-        let out = if variant >= 1 { g.push(Op::Activation(Activation::Neg), vec![t]).unwrap() } else { t };
+        let out = if variant >= 1 {
+            g.push(Op::Activation(Activation::Neg), vec![t]).unwrap()
+        } else {
+            t
+        };
         if variant >= 2 {
             let b8 = g.param("b8", Shape::f32(&[4]));
             g.push(Op::Binary(BinaryOp::Add), vec![out, b8]).unwrap();
         }
-        let y = if variant >= 3 { g.push(Op::Activation(Activation::Abs), vec![out]).unwrap() } else { out };
+        let y = if variant >= 3 {
+            g.push(Op::Activation(Activation::Abs), vec![out]).unwrap()
+        } else {
+            out
+        };
         g.set_outputs(vec![y]);
         let b = random_bindings(&g, &mut Rng::new(3), 1.0);
         let t = run_session(&Session::new(Device::Cpu), &g, &b);

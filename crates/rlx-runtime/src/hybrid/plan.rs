@@ -109,7 +109,12 @@ impl<L> HybridPlan<L> {
     pub fn thunks_only(graph: &Graph) -> Self {
         let reasons = vec![Some("mode: thunks".to_string()); graph.len()];
         let segs = split_by(graph, |_| false);
-        finish(graph, segs.into_iter().map(as_thunk_step).collect(), &reasons, vec![])
+        finish(
+            graph,
+            segs.into_iter().map(as_thunk_step).collect(),
+            &reasons,
+            vec![],
+        )
     }
 }
 
@@ -185,7 +190,12 @@ pub fn build_plan<C: SegmentCompiler>(
     finish(graph, steps, &reasons, declined)
 }
 
-fn push_thunk_step<L>(steps: &mut Vec<Step<L>>, scratch: &mut Vec<Segment>, graph: &Graph, i: usize) {
+fn push_thunk_step<L>(
+    steps: &mut Vec<Step<L>>,
+    scratch: &mut Vec<Segment>,
+    graph: &Graph,
+    i: usize,
+) {
     scratch.clear();
     if let Some(Step::Thunks { start, end }) = steps.last() {
         scratch.push(Segment::Thunks {
@@ -206,9 +216,8 @@ fn finish<L>(
     reasons: &[Option<String>],
     declined: Vec<(NodeId, String)>,
 ) -> HybridPlan<L> {
-    let compute = |r: std::ops::Range<usize>| {
-        graph.nodes()[r].iter().filter(|n| !n.op.is_leaf()).count()
-    };
+    let compute =
+        |r: std::ops::Range<usize>| graph.nodes()[r].iter().filter(|n| !n.op.is_leaf()).count();
     let mut report = PlanReport {
         dispatches_thunks_only: compute(0..graph.len()),
         declined,

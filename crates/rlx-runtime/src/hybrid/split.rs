@@ -96,7 +96,11 @@ pub(crate) fn split_by(graph: &Graph, eligible: impl Fn(usize) -> bool) -> Vec<S
     let users = graph.users_all();
     let flush = |run: &mut Vec<NodeId>, out: &mut Vec<Segment>| {
         if !run.is_empty() {
-            out.push(Segment::Compiled(describe(graph, &users, std::mem::take(run))));
+            out.push(Segment::Compiled(describe(
+                graph,
+                &users,
+                std::mem::take(run),
+            )));
         }
     };
     for (i, n) in nodes.iter().enumerate() {
@@ -129,7 +133,11 @@ pub(crate) fn push_thunk(out: &mut Vec<Segment>, nodes: &[rlx_ir::Node], i: usiz
 }
 
 /// Compute the boundaries of a run of nodes.
-pub(crate) fn describe(graph: &Graph, users: &[Vec<NodeId>], nodes: Vec<NodeId>) -> CompiledSegment {
+pub(crate) fn describe(
+    graph: &Graph,
+    users: &[Vec<NodeId>],
+    nodes: Vec<NodeId>,
+) -> CompiledSegment {
     let inside = |id: NodeId| nodes.binary_search(&id).is_ok();
     let mut boundary_inputs: Vec<NodeId> = nodes
         .iter()
@@ -141,9 +149,7 @@ pub(crate) fn describe(graph: &Graph, users: &[Vec<NodeId>], nodes: Vec<NodeId>)
     let boundary_outputs = nodes
         .iter()
         .copied()
-        .filter(|&n| {
-            graph.outputs.contains(&n) || users[n.index()].iter().any(|&u| !inside(u))
-        })
+        .filter(|&n| graph.outputs.contains(&n) || users[n.index()].iter().any(|&u| !inside(u)))
         .collect();
     CompiledSegment {
         nodes,

@@ -50,7 +50,10 @@ pub fn random_bindings(g: &Graph, rng: &mut Rng, scale: f32) -> HashMap<String, 
                         _ => None,
                     })
                     .unwrap_or(8);
-                Tensor::i64(&n.shape.dims, (0..numel).map(|_| rng.below(limit) as i64).collect())
+                Tensor::i64(
+                    &n.shape.dims,
+                    (0..numel).map(|_| rng.below(limit) as i64).collect(),
+                )
             }
             d => panic!("test helper has no generator for {d}"),
         };
@@ -69,12 +72,20 @@ pub fn reference(g: &Graph, b: &HashMap<String, Tensor>) -> Vec<Vec<f32>> {
 }
 
 /// Compile with `session`, bind everything in `b`, run, return f32 outputs.
-pub fn run_session(session: &rlx::Session, g: &Graph, b: &HashMap<String, Tensor>) -> Vec<Vec<f32>> {
+pub fn run_session(
+    session: &rlx::Session,
+    g: &Graph,
+    b: &HashMap<String, Tensor>,
+) -> Vec<Vec<f32>> {
     let mut m = session.compile(g.clone()).expect("compile");
     run_compiled(&mut m, g, b)
 }
 
-pub fn run_compiled(m: &mut rlx::CompiledModel, g: &Graph, b: &HashMap<String, Tensor>) -> Vec<Vec<f32>> {
+pub fn run_compiled(
+    m: &mut rlx::CompiledModel,
+    g: &Graph,
+    b: &HashMap<String, Tensor>,
+) -> Vec<Vec<f32>> {
     let mut inputs: Vec<(&str, rlx::TensorRef<'_>)> = Vec::new();
     for n in g.nodes() {
         match &n.op {
