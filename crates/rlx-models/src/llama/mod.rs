@@ -10,7 +10,7 @@
 //!
 //! Rope: GGUF converters permute the Q/K weights of `llama` models so that
 //! rotary pairs are adjacent; llama.cpp therefore uses its `NORM` rope
-//! (our [`RopeStyle::GptJ`]) for this architecture, and so do we.
+//! (our [`rlx_ir::RopeStyle::GptJ`]) for this architecture, and so do we.
 
 mod config;
 mod error;
@@ -23,6 +23,3 @@ pub use error::LlamaError;
 pub use generate::{argmax, LlamaModel};
 pub use graph::{build_graph, cache_names, Phase};
 pub use weights::{gate_up_name, qkv_name, Linear, LlamaWeights, EMBED_TABLE};
-
-#[allow(unused_imports)]
-use rlx_ir::RopeStyle;
