@@ -234,23 +234,33 @@ pub fn gdn_block(
     let v = narrow(g, conv, 2, 2 * kd, vd)?;
 
     // 3. Heads, GQA repeat (q, k: Hk -> Hv), then L2 norm of q and k.
+    // The width-changing reshapes and the Expand run as thunks; they are
+    // all built first so that the per-head reshapes and the L2 norms that
+    // follow form one compiled segment.
     let r = hv / hk;
-    let repeat = |g: &mut Graph, t: NodeId| -> Result<NodeId, IrError> {
+    let split = |g: &mut Graph, t: NodeId| -> Result<NodeId, IrError> {
         if r == 1 {
             return reshape(g, t, &[b, s, hv, n]);
         }
         let t5 = reshape(g, t, &[b, s, hk, 1, n])?;
-        let t5 = g.push(
+        g.push(
             Op::Expand {
                 shape: vec![b, s, hk, r, n],
             },
             vec![t5],
-        )?;
-        reshape(g, t5, &[b, s, hv, n])
+        )
     };
-    let q = repeat(g, q)?;
-    let k = repeat(g, k)?;
+    let q = split(g, q)?;
+    let k = split(g, k)?;
     let v = reshape(g, v, &[b, s, hv, n])?;
+    let (q, k) = if r == 1 {
+        (q, k)
+    } else {
+        (
+            reshape(g, q, &[b, s, hv, n])?,
+            reshape(g, k, &[b, s, hv, n])?,
+        )
+    };
     let q = l2_normalize(g, q, eps)?;
     let k = l2_normalize(g, k, eps)?;
 

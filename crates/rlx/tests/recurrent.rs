@@ -14,8 +14,9 @@ use rlx_models::recurrent::{
 use std::collections::HashMap;
 
 /// Sessions pinned to 2 worker threads (the CI machine's count). The fused
-/// compiler splits a segment's rows into chunks per thread and gemm picks
-/// its K blocking from the chunk's row count, so the bit-exact hybrid ==
+/// compiler splits a segment's rows into chunks per thread and gemm 0.18
+/// picks its K blocking from the row count (`kc = min(k, 512)` when
+/// `m, n <= 64`, else `kernel_params(m, n, k)`), so the bit-exact hybrid ==
 /// thunks checks are made at a fixed thread count; see
 /// `gdn_block_default_pool_within_1e6` for the global pool.
 fn hybrid() -> Session {
