@@ -1,0 +1,371 @@
+//! A tiny random Llama written as a GGUF file: `LlamaModel` (CPU, thunks
+//! and hybrid) against the reference interpreter on the same graphs, for
+//! prefill and for decode steps reading the KV cache; and the typed load
+//! errors (unsupported architecture, missing tensor, bad shape,
+//! unsupported block type). Needs no downloaded model.
+
+use rlx_cpu::CpuOptions;
+use rlx_formats::GgufFile;
+use rlx_ir::{Op, Tensor};
+use rlx_models::llama::{
+    build_graph, cache_names, LlamaConfig, LlamaError, LlamaModel, LlamaWeights, Phase,
+};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+const Q4_1: u32 = 3;
+const Q8_0: u32 = 8;
+const F32: u32 = 0;
+const IQ4_NL: u32 = 20;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+}
+
+/// A minimal GGUF v3 writer.
+#[derive(Default)]
+struct Gguf {
+    kv: Vec<u8>,
+    n_kv: u64,
+    infos: Vec<u8>,
+    n_t: u64,
+    data: Vec<u8>,
+}
+
+fn put_str(b: &mut Vec<u8>, s: &str) {
+    b.extend((s.len() as u64).to_le_bytes());
+    b.extend(s.as_bytes());
+}
+
+impl Gguf {
+    fn kv_str(&mut self, k: &str, v: &str) {
+        put_str(&mut self.kv, k);
+        self.kv.extend(8u32.to_le_bytes());
+        put_str(&mut self.kv, v);
+        self.n_kv += 1;
+    }
+    fn kv_u32(&mut self, k: &str, v: u32) {
+        put_str(&mut self.kv, k);
+        self.kv.extend(4u32.to_le_bytes());
+        self.kv.extend(v.to_le_bytes());
+        self.n_kv += 1;
+    }
+    fn kv_f32(&mut self, k: &str, v: f32) {
+        put_str(&mut self.kv, k);
+        self.kv.extend(6u32.to_le_bytes());
+        self.kv.extend(v.to_le_bytes());
+        self.n_kv += 1;
+    }
+    /// `shape` is row-major `[rows, k]` or `[k]`.
+    fn tensor(&mut self, name: &str, shape: &[usize], ty: u32, bytes: Vec<u8>) {
+        while self.data.len() % 32 != 0 {
+            self.data.push(0);
+        }
+        put_str(&mut self.infos, name);
+        self.infos.extend((shape.len() as u32).to_le_bytes());
+        for &d in shape.iter().rev() {
+            self.infos.extend((d as u64).to_le_bytes());
+        }
+        self.infos.extend(ty.to_le_bytes());
+        self.infos.extend((self.data.len() as u64).to_le_bytes());
+        self.data.extend(bytes);
+        self.n_t += 1;
+    }
+    fn write(&self, name: &str) -> PathBuf {
+        let mut f = b"GGUF".to_vec();
+        f.extend(3u32.to_le_bytes());
+        f.extend(self.n_t.to_le_bytes());
+        f.extend(self.n_kv.to_le_bytes());
+        f.extend(&self.kv);
+        f.extend(&self.infos);
+        while f.len() % 32 != 0 {
+            f.push(0);
+        }
+        f.extend(&self.data);
+        let dir = std::env::temp_dir().join(format!("rlx-llama-tiny-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, f).unwrap();
+        p
+    }
+}
+
+/// Random blocks of a 32-element format with small f16 scales.
+fn blocks(ty: u32, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    let (bb, fields): (usize, &[usize]) = match ty {
+        Q4_1 => (20, &[0, 2]),
+        Q8_0 => (34, &[0]),
+        IQ4_NL => (18, &[0]),
+        _ => unreachable!(),
+    };
+    let mut out: Vec<u8> = (0..n * k / 32 * bb).map(|_| rng.next() as u8).collect();
+    for blk in out.chunks_exact_mut(bb) {
+        for (i, &o) in fields.iter().enumerate() {
+            let v = 0.004 + (rng.next() % 100) as f32 * 4e-4;
+            let v = if i == 1 { -8.0 * v } else { v };
+            blk[o..o + 2].copy_from_slice(&f16_bits(v).to_le_bytes());
+        }
+    }
+    out
+}
+
+/// f32 -> f16 bits for normal, in-range values (round to nearest even).
+fn f16_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xFF) as i32 - 127 + 15;
+    assert!((1..31).contains(&exp), "{v} not a normal f16");
+    let mant = b & 0x7F_FFFF;
+    let mut h = ((exp as u32) << 10) | (mant >> 13);
+    let rest = mant & 0x1FFF;
+    if rest > 0x1000 || (rest == 0x1000 && h & 1 == 1) {
+        h += 1;
+    }
+    sign | h as u16
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// What to break in the tiny model.
+#[derive(Clone, Copy, PartialEq)]
+enum Flaw {
+    None,
+    Arch,
+    MissingNorm,
+    BadShape,
+    UnsupportedType,
+}
+
+const D: usize = 64;
+const FF: usize = 96;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const LAYERS: usize = 2;
+const VOCAB: usize = 40;
+
+fn tiny(flaw: Flaw, name: &str) -> PathBuf {
+    let mut rng = Rng(42);
+    let mut g = Gguf::default();
+    g.kv_str(
+        "general.architecture",
+        if flaw == Flaw::Arch { "gpt2" } else { "llama" },
+    );
+    g.kv_u32("llama.block_count", LAYERS as u32);
+    g.kv_u32("llama.embedding_length", D as u32);
+    g.kv_u32("llama.feed_forward_length", FF as u32);
+    g.kv_u32("llama.attention.head_count", HEADS as u32);
+    g.kv_u32("llama.attention.head_count_kv", KV_HEADS as u32);
+    g.kv_u32("llama.rope.dimension_count", (D / HEADS) as u32);
+    g.kv_f32("llama.rope.freq_base", 10000.0);
+    g.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5);
+    let kv = KV_HEADS * D / HEADS;
+    g.tensor(
+        "token_embd.weight",
+        &[VOCAB, D],
+        Q8_0,
+        blocks(Q8_0, VOCAB, D, &mut rng),
+    );
+    let norm = |rng: &mut Rng| -> Vec<u8> {
+        f32_bytes(
+            &(0..D)
+                .map(|_| 0.5 + (rng.next() % 100) as f32 / 100.0)
+                .collect::<Vec<_>>(),
+        )
+    };
+    for l in 0..LAYERS {
+        let p = |s: &str| format!("blk.{l}.{s}.weight");
+        if !(flaw == Flaw::MissingNorm && l == 1) {
+            let b = norm(&mut rng);
+            g.tensor(&p("attn_norm"), &[D], F32, b);
+        }
+        let b = norm(&mut rng);
+        g.tensor(&p("ffn_norm"), &[D], F32, b);
+        let q_ty = if flaw == Flaw::UnsupportedType {
+            IQ4_NL
+        } else {
+            Q4_1
+        };
+        g.tensor(&p("attn_q"), &[D, D], q_ty, blocks(q_ty, D, D, &mut rng));
+        let k_rows = if flaw == Flaw::BadShape { kv + 32 } else { kv };
+        g.tensor(
+            &p("attn_k"),
+            &[k_rows, D],
+            Q4_1,
+            blocks(Q4_1, k_rows, D, &mut rng),
+        );
+        g.tensor(&p("attn_v"), &[kv, D], Q8_0, blocks(Q8_0, kv, D, &mut rng));
+        g.tensor(
+            &p("attn_output"),
+            &[D, D],
+            Q4_1,
+            blocks(Q4_1, D, D, &mut rng),
+        );
+        g.tensor(
+            &p("ffn_gate"),
+            &[FF, D],
+            Q4_1,
+            blocks(Q4_1, FF, D, &mut rng),
+        );
+        g.tensor(&p("ffn_up"), &[FF, D], Q4_1, blocks(Q4_1, FF, D, &mut rng));
+        g.tensor(
+            &p("ffn_down"),
+            &[D, FF],
+            Q8_0,
+            blocks(Q8_0, D, FF, &mut rng),
+        );
+    }
+    let b = norm(&mut rng);
+    g.tensor("output_norm.weight", &[D], F32, b);
+    g.write(name)
+}
+
+/// Run `graph` with the reference interpreter; returns the outputs and the
+/// updated caches (the values of the CacheWrite nodes), by cache name.
+fn reference(
+    graph: &rlx_ir::Graph,
+    w: &LlamaWeights,
+    inputs: &[(&str, Tensor)],
+    caches: &HashMap<String, Tensor>,
+) -> (Vec<f32>, HashMap<String, Tensor>) {
+    let mut b: HashMap<String, Tensor> = w.tensors.clone();
+    b.extend(caches.clone());
+    for (n, t) in inputs {
+        b.insert(n.to_string(), t.clone());
+    }
+    let all = rlx_ref::run_all(graph, &b).unwrap();
+    let mut new_caches = HashMap::new();
+    for n in graph.nodes() {
+        if let Op::CacheWrite { .. } = n.op {
+            if let Op::Param { name } = &graph.node(n.inputs[0]).op {
+                new_caches.insert(name.clone(), all[n.id.index()].clone());
+            }
+        }
+    }
+    let out = all[graph.outputs[0].index()].as_f32().unwrap().to_vec();
+    (out, new_caches)
+}
+
+fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-4 * scale + 1e-6,
+            "{what} [{i}]: got {g}, reference {w}"
+        );
+    }
+}
+
+#[test]
+fn tiny_model_matches_reference_interpreter() {
+    let path = tiny(Flaw::None, "ok.gguf");
+    let f = GgufFile::open(&path).unwrap();
+    let cfg = LlamaConfig::from_gguf(&f).unwrap();
+    assert_eq!(
+        (
+            cfg.n_layers,
+            cfg.d_model,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            cfg.vocab
+        ),
+        (2, 64, 2, 16, VOCAB)
+    );
+    let ctx = 12;
+    let prompt = [3u32, 17, 5, 39, 0];
+    // Mixed Q4_1/Q8_0 q/k/v: not merged; gate/up (both Q4_1) merged.
+    let w = LlamaWeights::load(&f, &cfg).unwrap();
+    assert!(w.linears.contains_key("blk.0.attn_q.weight"));
+    assert!(w.linears.contains_key("blk.0.ffn_gate_up.weight"));
+    for hybrid in [false, true] {
+        let opts = CpuOptions {
+            hybrid,
+            ..CpuOptions::default()
+        };
+        let mut m = LlamaModel::from_weights(w.clone(), ctx, opts).unwrap();
+        let got = m.prefill(&prompt).unwrap();
+
+        let g = build_graph(
+            &w,
+            Phase::Prefill {
+                seq_len: prompt.len(),
+            },
+            ctx,
+        )
+        .unwrap();
+        let kvd = cfg.kv_dim();
+        let mut caches = HashMap::new();
+        for l in 0..LAYERS {
+            let (k, v) = cache_names(l);
+            caches.insert(k, Tensor::f32(&[1, ctx, kvd], vec![0.0; ctx * kvd]));
+            caches.insert(v, Tensor::f32(&[1, ctx, kvd], vec![0.0; ctx * kvd]));
+        }
+        let ids: Vec<i64> = prompt.iter().map(|&i| i as i64).collect();
+        let inputs = [
+            ("ids", Tensor::i64(&[1, prompt.len()], ids)),
+            (
+                "pos",
+                Tensor::i64(&[prompt.len()], (0..prompt.len() as i64).collect()),
+            ),
+        ];
+        let (want, mut caches) = reference(&g, &w, &inputs, &caches);
+        assert_close(&got, &want, &format!("prefill (hybrid {hybrid})"));
+
+        let dg = build_graph(&w, Phase::Decode, ctx).unwrap();
+        for (step, &id) in [7u32, 21, 2].iter().enumerate() {
+            let p = prompt.len() + step;
+            let got = m.decode(id).unwrap();
+            let mut mask = vec![0.0f32; ctx];
+            mask[..=p].fill(1.0);
+            let inputs = [
+                ("ids", Tensor::i64(&[1, 1], vec![id as i64])),
+                ("pos", Tensor::i64(&[1], vec![p as i64])),
+                ("kv_mask", Tensor::f32(&[1, ctx], mask)),
+            ];
+            let (want, next) = reference(&dg, &w, &inputs, &caches);
+            caches = next;
+            assert_close(
+                &got,
+                &want,
+                &format!("decode step {step} (hybrid {hybrid})"),
+            );
+        }
+    }
+}
+
+#[test]
+fn load_errors_are_typed() {
+    let err = LlamaModel::load(tiny(Flaw::Arch, "arch.gguf"), 8).unwrap_err();
+    assert!(
+        matches!(&err, LlamaError::UnsupportedArch { arch } if arch == "gpt2"),
+        "{err}"
+    );
+
+    let err = LlamaModel::load(tiny(Flaw::MissingNorm, "missing.gguf"), 8).unwrap_err();
+    assert!(
+        matches!(&err, LlamaError::MissingTensor { name, expected } if name == "blk.1.attn_norm.weight" && expected.contains("[64]")),
+        "{err}"
+    );
+
+    let err = LlamaModel::load(tiny(Flaw::BadShape, "shape.gguf"), 8).unwrap_err();
+    assert!(
+        matches!(&err, LlamaError::BadTensor { name, found, .. } if name == "blk.0.attn_k.weight" && found == &vec![64, 64]),
+        "{err}"
+    );
+    assert!(err.to_string().contains("[32, 64]"), "{err}");
+
+    let err = LlamaModel::load(tiny(Flaw::UnsupportedType, "iq.gguf"), 8).unwrap_err();
+    assert!(
+        matches!(&err, LlamaError::UnsupportedQuant { name, ty } if name == "blk.0.attn_q.weight" && ty.name() == "IQ4_NL"),
+        "{err}"
+    );
+}
