@@ -24,10 +24,13 @@ use rlx_ir::QuantScheme;
 
 const OP: &str = "DequantMatMul";
 
-/// Weight rows dequantized per tile in the `m > 1` path: about 64 KiB of
-/// f32, between 16 and 64 rows.
-pub fn tile_rows(k: usize) -> usize {
-    (16384 / k.max(1)).clamp(16, 64)
+/// Weight rows dequantized per tile in the `m > 1` path for `n` rows of
+/// `k`: about 1 MiB of f32 (32 to 256 rows; larger tiles amortize gemm's
+/// packing), but small enough that every rayon thread gets two tiles.
+pub fn tile_rows(k: usize, n: usize) -> usize {
+    let by_bytes = (262_144 / k.max(1)).clamp(32, 256);
+    let by_threads = n.div_ceil(2 * num_threads()).next_multiple_of(16);
+    by_bytes.min(by_threads).max(16)
 }
 
 /// `out [m, n] = x [m, k] x W^T` where `w` holds `n` packed rows of `k`
@@ -197,8 +200,24 @@ fn gemm_tiled(
     out: &mut [f32],
     parallel: bool,
 ) -> Result<(), KernelError> {
+    gemm_tiled_with(scheme, x, m, k, w, rb, n, out, parallel, tile_rows(k, n))
+}
+
+/// [`gemm_tiled`] with an explicit tile height `t` (> 0).
+#[allow(clippy::too_many_arguments)]
+fn gemm_tiled_with(
+    scheme: QuantScheme,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[u8],
+    rb: usize,
+    n: usize,
+    out: &mut [f32],
+    parallel: bool,
+    t: usize,
+) -> Result<(), KernelError> {
     let ty = GgmlType::from(scheme);
-    let t = tile_rows(k);
     let mut yt = vec![0.0f32; n * m];
     let tile = |buf: &mut Vec<f32>, yt_tile: &mut [f32], w_tile: &[u8]| {
         let rows = yt_tile.len() / m;
@@ -463,6 +482,41 @@ mod tests {
 mod bench {
     use super::*;
     use std::time::Instant;
+
+    /// Tile heights for the m > 1 path, interleaved in one process.
+    #[test]
+    #[ignore]
+    fn tile_timing() {
+        let (scheme, m) = (QuantScheme::Q4_1, 96);
+        for (n, k) in [(1536, 576), (576, 1536), (576, 576)] {
+            let rb = scheme.row_bytes(k).unwrap();
+            let mut w = vec![0x11u8; n * rb];
+            for blk in w.chunks_exact_mut(scheme.block_bytes()) {
+                blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
+            }
+            let x = vec![0.5f32; k * m];
+            let mut out = vec![0.0f32; n * m];
+            let tiles = [16, 32, 64, 128, 144, 192, 256, 512];
+            let mut best = [f64::INFINITY; 8];
+            for _ in 0..8 {
+                for (i, &t) in tiles.iter().enumerate() {
+                    let s = Instant::now();
+                    gemm_tiled_with(scheme, &x, m, k, &w, rb, n, &mut out, true, t).unwrap();
+                    best[i] = best[i].min(s.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            let row: Vec<String> = tiles
+                .iter()
+                .zip(&best)
+                .map(|(t, b)| format!("{t}:{b:.0}us"))
+                .collect();
+            println!(
+                "n={n} k={k} (default {}): {}",
+                tile_rows(k, n),
+                row.join(" ")
+            );
+        }
+    }
 
     /// Timing aid: `cargo test -p rlx-cpu --release quant::bench -- --ignored --nocapture`.
     #[test]
