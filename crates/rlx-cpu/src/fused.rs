@@ -22,11 +22,11 @@ use rlx_runtime::hybrid::{SegmentCompiler, SubGraph};
 use std::sync::Mutex;
 
 /// Rows per chunk at most; bounds scratch memory and keeps chunks in cache.
-const MAX_CHUNK_ROWS: usize = 128;
+const MAX_CHUNK_ROWS: usize = 512;
 
 /// Below this many rows a segment runs as one chunk with parallel kernels:
 /// splitting 128 rows in two halves each GEMM's work per weight panel.
-const SPLIT_MIN_ROWS: usize = 256;
+const SPLIT_MIN_ROWS: usize = 512;
 
 /// The CPU segment compiler (see the module docs).
 #[derive(Debug, Clone, Default)]
@@ -231,7 +231,10 @@ pub struct FusedPlan {
     /// For each boundary output, the view holding it.
     outputs: Vec<View>,
     chunk_rows: usize,
-    scratch: Vec<Mutex<Vec<Vec<f32>>>>,
+    chunks: usize,
+    /// Scratch sets (one slot buffer per intermediate), one per concurrent
+    /// chunk; a chunk task takes one and gives it back.
+    scratch: Mutex<Vec<Vec<Vec<f32>>>>,
 }
 
 impl FusedPlan {
@@ -535,8 +538,9 @@ impl FusedPlan {
             rows.div_ceil(threads).clamp(1, MAX_CHUNK_ROWS)
         };
         let chunks = rows.div_ceil(chunk_rows);
-        let scratch = (0..chunks)
-            .map(|_| Mutex::new(slots.iter().map(|&w| vec![0f32; w * chunk_rows]).collect()))
+        let sets = chunks.min(threads);
+        let scratch = (0..sets)
+            .map(|_| slots.iter().map(|&w| vec![0f32; w * chunk_rows]).collect())
             .collect();
         Ok(FusedPlan {
             rows,
@@ -544,13 +548,15 @@ impl FusedPlan {
             slots,
             outputs,
             chunk_rows,
-            scratch,
+            chunks,
+            scratch: Mutex::new(scratch),
         })
     }
 
     /// Bytes of scratch memory this plan holds.
     pub fn scratch_bytes(&self) -> usize {
-        self.scratch.len() * self.slots.iter().sum::<usize>() * self.chunk_rows * 4
+        let sets = self.scratch.lock().map(|s| s.len()).unwrap_or(0);
+        sets * self.slots.iter().sum::<usize>() * self.chunk_rows * 4
     }
 
     /// Run the segment: `ins` are the boundary inputs in order, `outs` the
@@ -568,7 +574,7 @@ impl FusedPlan {
             })
             .collect::<Result<_, _>>()?;
         let cr = self.chunk_rows;
-        let nchunks = self.scratch.len();
+        let nchunks = self.chunks;
         // Hand each chunk its own disjoint rows of every output.
         let mut per_chunk: Vec<Vec<&mut [f32]>> = (0..nchunks).map(|_| Vec::new()).collect();
         for (o, v) in outs.iter_mut().zip(&self.outputs) {
@@ -583,18 +589,27 @@ impl FusedPlan {
         let work = |(c, mut parts): (usize, Vec<&mut [f32]>)| -> Result<(), (NodeId, String)> {
             let r0 = c * cr;
             let nr = cr.min(this.rows - r0);
-            let mut guard = this.scratch[c].lock().unwrap_or_else(|e| e.into_inner());
-            let bufs: &mut Vec<Vec<f32>> = &mut guard;
-            for (node, op) in &this.ops {
-                run_fop(op, ins, bufs, r0, nr, serial).map_err(|m| (*node, m))?;
-            }
-            for (part, v) in parts.iter_mut().zip(&this.outputs) {
-                for r in 0..nr {
-                    part[r * v.width..(r + 1) * v.width]
-                        .copy_from_slice(row(v, ins, bufs, r0, r)?.1);
+            let taken = this.scratch.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            // More concurrent chunks than scratch sets only if the pool grew.
+            let mut bufs =
+                taken.unwrap_or_else(|| this.slots.iter().map(|&w| vec![0f32; w * cr]).collect());
+            let res = (|| {
+                for (node, op) in &this.ops {
+                    run_fop(op, ins, &mut bufs, r0, nr, serial).map_err(|m| (*node, m))?;
                 }
-            }
-            Ok(())
+                for (part, v) in parts.iter_mut().zip(&this.outputs) {
+                    for r in 0..nr {
+                        part[r * v.width..(r + 1) * v.width]
+                            .copy_from_slice(row(v, ins, &bufs, r0, r)?.1);
+                    }
+                }
+                Ok(())
+            })();
+            this.scratch
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(bufs);
+            res
         };
         if serial {
             per_chunk.into_iter().enumerate().try_for_each(work)
@@ -629,6 +644,37 @@ fn reads_through_views(
         }
     }
     Some(total)
+}
+
+/// Run `f(row_index, row)` for rows `0..nr` of `o` (row width `w`), over
+/// the rayon pool when `parallel` and the work is large enough.
+fn for_rows(
+    o: &mut [f32],
+    w: usize,
+    nr: usize,
+    parallel: bool,
+    f: impl Fn(usize, &mut [f32]) -> Result<(), String> + Sync + Send,
+) -> Result<(), String> {
+    if w == 0 || nr == 0 {
+        return Ok(());
+    }
+    let o = &mut o[..nr * w];
+    if parallel && nr > 1 && nr * w >= crate::kernels::PAR_MIN_ELEMS {
+        let per = nr.div_ceil(rayon::current_num_threads() * 2).max(1);
+        o.par_chunks_mut(per * w)
+            .enumerate()
+            .try_for_each(|(c, chunk)| {
+                for (i, row) in chunk.chunks_mut(w).enumerate() {
+                    f(c * per + i, row)?;
+                }
+                Ok(())
+            })
+    } else {
+        for (r, row) in o.chunks_mut(w).enumerate() {
+            f(r, row)?;
+        }
+        Ok(())
+    }
 }
 
 fn ext_f32<'a>(ins: &[In<'a>], k: usize) -> Result<&'a [f32], String> {
@@ -746,21 +792,27 @@ fn run_fop(
                     Some(bv) => rowf(&bv, ins, bufs, r0, 0)?.to_vec(),
                     None => vec![0.0; n],
                 };
-                matmul::bias_act_rows(&mut o[..nr * n], &b, act);
+                for_rows(&mut o, n, nr, parallel, |_, row| {
+                    matmul::bias_act_rows(row, &b, act);
+                    Ok(())
+                })?;
             }
             bufs[out] = o;
         }
         FOp::Unary { act, x, out } => {
             let mut o = take(bufs, out);
             let w = x.width;
+            let src: &[Vec<f32>] = bufs;
             if x.src == Src::Slot(out) {
-                elementwise::apply_activation(act, &mut o[..nr * w]);
+                for_rows(&mut o, w, nr, parallel, |_, row| {
+                    elementwise::apply_activation(act, row);
+                    Ok(())
+                })?;
             } else {
-                for r in 0..nr {
-                    let xr = rowf(&x, ins, bufs, r0, r)?;
-                    elementwise::activation_into(act, xr, &mut o[r * w..(r + 1) * w])
-                        .map_err(|e| e.to_string())?;
-                }
+                for_rows(&mut o, w, nr, parallel, |r, row| {
+                    let xr = rowf(&x, ins, src, r0, r)?;
+                    elementwise::activation_into(act, xr, row).map_err(|e| e.to_string())
+                })?;
             }
             bufs[out] = o;
         }
@@ -768,11 +820,11 @@ fn run_fop(
             let mut o = take(bufs, out);
             let w = a.width.max(b.width);
             let in_place = a.src == Src::Slot(out);
-            for r in 0..nr {
-                let br = rowf(&b, ins, bufs, r0, r)?;
-                let orow = &mut o[r * w..(r + 1) * w];
+            let src: &[Vec<f32>] = bufs;
+            for_rows(&mut o, w, nr, parallel, |r, orow| {
+                let br = rowf(&b, ins, src, r0, r)?;
                 if !in_place {
-                    let ar = rowf(&a, ins, bufs, r0, r)?;
+                    let ar = rowf(&a, ins, src, r0, r)?;
                     if ar.len() == w {
                         orow.copy_from_slice(ar);
                     } else {
@@ -787,7 +839,8 @@ fn run_fop(
                         *v = elementwise::binary_scalar(op, *v, y);
                     }
                 }
-            }
+                Ok(())
+            })?;
             bufs[out] = o;
         }
         FOp::Norm {
@@ -804,33 +857,33 @@ fn run_fop(
             let g = rowf(&gamma, ins, bufs, r0, 0)?;
             let bt = beta.map(|b| rowf(&b, ins, bufs, r0, 0)).transpose()?;
             let bs = bias.map(|b| rowf(&b, ins, bufs, r0, 0)).transpose()?;
-            for r in 0..nr {
-                let xr = rowf(&x, ins, bufs, r0, r)?;
-                let orow = &mut o[r * d..(r + 1) * d];
+            let src: &[Vec<f32>] = bufs;
+            for_rows(&mut o, d, nr, parallel, |r, orow| {
+                let xr = rowf(&x, ins, src, r0, r)?;
                 let res = match (residual, bt) {
                     (Some(rv), Some(bt)) => {
-                        let rr = rowf(&rv, ins, bufs, r0, r)?;
+                        let rr = rowf(&rv, ins, src, r0, r)?;
                         norm::residual_layer_norm_rows(xr, rr, bs, g, bt, eps, orow, d)
                     }
                     (Some(rv), None) => {
-                        let rr = rowf(&rv, ins, bufs, r0, r)?;
+                        let rr = rowf(&rv, ins, src, r0, r)?;
                         norm::residual_rms_norm_rows(xr, rr, bs, g, eps, orow, d)
                     }
                     (None, Some(bt)) => norm::layer_norm_rows(xr, g, bt, eps, orow, d),
                     (None, None) => norm::rms_norm_rows(xr, g, eps, orow, d),
                 };
-                res.map_err(|e| e.to_string())?;
-            }
+                res.map_err(|e| e.to_string())
+            })?;
             bufs[out] = o;
         }
         FOp::Softmax { x, out } => {
             let mut o = take(bufs, out);
             let d = x.width;
-            for r in 0..nr {
-                let xr = rowf(&x, ins, bufs, r0, r)?;
-                softmax::softmax_rows(xr, &mut o[r * d..(r + 1) * d], d)
-                    .map_err(|e| e.to_string())?;
-            }
+            let src: &[Vec<f32>] = bufs;
+            for_rows(&mut o, d, nr, parallel, |r, orow| {
+                let xr = rowf(&x, ins, src, r0, r)?;
+                softmax::softmax_rows(xr, orow, d).map_err(|e| e.to_string())
+            })?;
             bufs[out] = o;
         }
         FOp::ReduceRow { op, x, out } => {
@@ -858,12 +911,12 @@ fn run_fop(
         FOp::SwiGlu { gate, up, out } => {
             let mut o = take(bufs, out);
             let d = gate.width;
-            for r in 0..nr {
-                let gr = rowf(&gate, ins, bufs, r0, r)?;
-                let ur = rowf(&up, ins, bufs, r0, r)?;
-                elementwise::swiglu(gr, ur, &mut o[r * d..(r + 1) * d])
-                    .map_err(|e| e.to_string())?;
-            }
+            let src: &[Vec<f32>] = bufs;
+            for_rows(&mut o, d, nr, parallel, |r, orow| {
+                let gr = rowf(&gate, ins, src, r0, r)?;
+                let ur = rowf(&up, ins, src, r0, r)?;
+                elementwise::swiglu(gr, ur, orow).map_err(|e| e.to_string())
+            })?;
             bufs[out] = o;
         }
         FOp::Gather {
