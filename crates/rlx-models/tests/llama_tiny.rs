@@ -65,7 +65,7 @@ impl Gguf {
     }
     /// `shape` is row-major `[rows, k]` or `[k]`.
     fn tensor(&mut self, name: &str, shape: &[usize], ty: u32, bytes: Vec<u8>) {
-        while self.data.len() % 32 != 0 {
+        while !self.data.len().is_multiple_of(32) {
             self.data.push(0);
         }
         put_str(&mut self.infos, name);
@@ -85,7 +85,7 @@ impl Gguf {
         f.extend(self.n_kv.to_le_bytes());
         f.extend(&self.kv);
         f.extend(&self.infos);
-        while f.len() % 32 != 0 {
+        while !f.len().is_multiple_of(32) {
             f.push(0);
         }
         f.extend(&self.data);

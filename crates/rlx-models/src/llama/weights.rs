@@ -186,7 +186,7 @@ impl LlamaWeights {
         for name in parts {
             match self.linears.get(name) {
                 Some(&Linear::Quant { scheme, n, k })
-                    if scheme0.map_or(true, |s| s == scheme && k == k0) =>
+                    if scheme0.is_none_or(|s| s == scheme && k == k0) =>
                 {
                     scheme0 = Some(scheme);
                     k0 = k;
