@@ -1,7 +1,7 @@
 //! `rlx bench`: time a BERT model at one shape.
 
 use crate::plan::{graph_for, resolve_config};
-use crate::Mode;
+use crate::{DeviceArg, Mode};
 use clap::Args;
 use rlx::cpu::{CpuModel, CpuOptions};
 use rlx::models::bert::synthetic_params;
@@ -40,6 +40,9 @@ pub struct BenchArgs {
     /// GB/s, against a GEMM peak measured now (printed to stderr).
     #[arg(long)]
     profile: bool,
+    /// Where to run (`cuda` needs a build with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
 }
 
 /// Run `rlx bench`.
@@ -47,6 +50,12 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let hybrid = a.mode == Mode::Hybrid;
     let (cfg, _, dir) = resolve_config(&a.model)?;
     let (b, s) = (a.batch, a.seq);
+    if a.device == DeviceArg::Cuda {
+        #[cfg(feature = "cuda")]
+        return cuda::run(&a, &cfg, dir.as_deref());
+        #[cfg(not(feature = "cuda"))]
+        return Err("--device cuda: the CUDA backend is not part of this build".into());
+    }
     let mut synthetic;
     let mut loaded;
     let model: &mut CpuModel = match dir {
@@ -222,4 +231,126 @@ fn rayon_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    //! `rlx bench --device cuda`: the same graph and weights on the GPU.
+
+    use super::BenchArgs;
+    use crate::Mode;
+    use rlx::models::bert::{build_graph, synthetic_params, BertConfig, BertOutputs};
+    use rlx::models::{EmbedOptions, SentenceEmbedder};
+    use rlx::runtime::{Executable, TensorRef};
+    use rlx::{Device, ExecMode, Session};
+    use std::path::Path;
+    use std::time::Instant;
+
+    /// Build the graph as `SentenceEmbedder` does (pooled output for a model
+    /// directory, token output for `bert6`), compile it for cuda:0, time it.
+    pub(super) fn run(a: &BenchArgs, cfg: &BertConfig, dir: Option<&Path>) -> Result<(), String> {
+        let (b, s) = (a.batch, a.seq);
+        let outs = BertOutputs {
+            pooled: dir.is_some(),
+            tokens: dir.is_none(),
+        };
+        let g = build_graph(cfg, b, s, outs).map_err(|e| e.to_string())?;
+        let opt = rlx::opt::OptOptions {
+            target: std::sync::Arc::new(|_: &rlx::ir::Op| true),
+            ..Default::default()
+        };
+        let (g, _) = rlx::opt::optimize(&g, &opt).map_err(|e| e.to_string())?;
+        let mode = if a.mode == Mode::Hybrid {
+            ExecMode::Hybrid
+        } else {
+            ExecMode::Thunks
+        };
+        let t0 = Instant::now();
+        let mut model = Session::new(Device::Cuda(0))
+            .mode(mode)
+            .compile(g)
+            .map_err(|e| e.to_string())?;
+        match dir {
+            None => {
+                for (name, v) in synthetic_params(cfg, 1) {
+                    model.set_param(&name, &v).map_err(|e| e.to_string())?;
+                }
+            }
+            Some(dir) => {
+                // The embedder loads (and transposes) the weights; take them from its CPU model.
+                let opts = EmbedOptions {
+                    hybrid: false,
+                    threads: None,
+                    optimize: false,
+                };
+                let mut emb = SentenceEmbedder::load_with(dir, opts).map_err(|e| e.to_string())?;
+                let cpu = emb.model_for(1, 1, false).map_err(|e| e.to_string())?;
+                for (name, _, _) in cfg.params() {
+                    let t = cpu
+                        .take_param(&name)
+                        .ok_or_else(|| format!("weight {name} missing"))?;
+                    let v = t
+                        .as_f32()
+                        .ok_or_else(|| format!("weight {name} is not f32"))?;
+                    model.set_param(&name, v).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        let mut state = 0x2545F4914F6CDD1Du64;
+        let ids: Vec<i64> = (0..b * s)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                match i % s {
+                    0 => 101,
+                    x if x == s - 1 => 102,
+                    _ => 1000 + (state % 20000) as i64,
+                }
+            })
+            .collect();
+        let tt = vec![0i64; b * s];
+        let mask = vec![1f32; b * s];
+        let inputs = [
+            ("input_ids", TensorRef::I64(&ids)),
+            ("token_type_ids", TensorRef::I64(&tt)),
+            ("attention_mask", TensorRef::F32(&mask)),
+        ];
+        model.run_typed(&inputs).map_err(|e| e.to_string())?;
+        let first_ms = t0.elapsed().as_secs_f64() * 1e3;
+        for _ in 0..a.warmup {
+            model.run_typed(&inputs).map_err(|e| e.to_string())?;
+        }
+        let mut times = Vec::with_capacity(a.iters);
+        for _ in 0..a.iters.max(1) {
+            let t = Instant::now();
+            model.run_typed(&inputs).map_err(|e| e.to_string())?;
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let mut sorted = times.clone();
+        sorted.sort_by(|x, y| x.total_cmp(y));
+        let median = sorted[sorted.len() / 2];
+        let st = model.plan_stats();
+        if a.json {
+            println!(
+                "{}",
+                serde_json::json!({"median_ms": median, "min_ms": sorted[0], "times_ms": times,
+                    "dispatches": st.dispatches, "compiled_segments": st.compiled_segments,
+                    "thunk_ranges": st.thunk_ranges, "compile_and_first_run_ms": first_ms,
+                    "mode": format!("{:?}", a.mode).to_lowercase(), "batch": b, "seq": s, "device": "cuda"})
+            );
+        } else {
+            println!(
+                "{} {}x{} {:?} on cuda:0: median {:.3} ms over {} runs, {} dispatches",
+                a.model,
+                b,
+                s,
+                a.mode,
+                median,
+                times.len(),
+                st.dispatches
+            );
+        }
+        Ok(())
+    }
 }

@@ -119,9 +119,21 @@ impl Session {
             )?),
             #[cfg(feature = "cuda")]
             Device::Cuda(i) => {
-                return Err(Error::Device(format!(
-                    "cuda:{i}: the CUDA backend is not built in this version"
-                )))
+                rlx_cuda::cuda_available().map_err(|e| Error::Device(format!("cuda:{i}: {e}")))?;
+                // Shapes are static per compiled model, so attention may enter
+                // a CUDA graph even where the session policy keeps it out.
+                let user = self.policy.clone();
+                let policy = SplitPolicy::new(move |op| {
+                    matches!(op, rlx_ir::Op::Attention { .. }) || user.allows(op)
+                });
+                Box::new(rlx_cuda::CudaModel::compile(
+                    graph,
+                    &rlx_cuda::CudaOptions {
+                        device: i,
+                        hybrid: self.mode == ExecMode::Hybrid,
+                        policy,
+                    },
+                )?)
             }
         };
         Ok(CompiledModel { exec })

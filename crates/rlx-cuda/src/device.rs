@@ -1,0 +1,323 @@
+//! Device plumbing: context, stream, cuBLAS handle, the NVRTC module cache,
+//! device and pinned buffers, captured graphs.
+
+use crate::kernels::{KERNELS, SOURCE};
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaStream};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Whether the CUDA driver, NVRTC and cuBLAS libraries can be loaded and a
+/// device is present: `Ok(device count)` or why not. Never panics.
+pub fn cuda_available() -> Result<usize, String> {
+    // SAFETY: these only try to open the shared libraries; nothing is called through them.
+    let (d, n, b) = unsafe {
+        (
+            drv_sys::is_culib_present(),
+            cudarc::nvrtc::sys::is_culib_present(),
+            blas_sys::is_culib_present(),
+        )
+    };
+    let missing: Vec<&str> = [(d, "libcuda"), (n, "libnvrtc"), (b, "libcublas")]
+        .iter()
+        .filter(|(ok, _)| !ok)
+        .map(|(_, name)| *name)
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!("CUDA libraries not found: {}", missing.join(", ")));
+    }
+    drv::init().map_err(|e| format!("cuInit failed: {e:?}"))?;
+    let n = drv::device::get_count().map_err(|e| format!("cuDeviceGetCount failed: {e:?}"))?;
+    if n <= 0 {
+        return Err("no CUDA device".into());
+    }
+    Ok(n as usize)
+}
+
+/// PTX images by compute capability.
+type PtxCache = Mutex<HashMap<(i32, i32), Arc<CString>>>;
+
+/// PTX per compute capability, compiled once per process.
+fn ptx_for(cc: (i32, i32)) -> Result<Arc<CString>, String> {
+    static CACHE: OnceLock<PtxCache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut guard = cache.lock().map_err(|_| "PTX cache poisoned".to_string())?;
+    if let Some(p) = guard.get(&cc) {
+        return Ok(p.clone());
+    }
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts)
+        .map_err(|e| format!("NVRTC compile failed: {e:?}"))?;
+    let c = Arc::new(CString::new(ptx.to_src()).map_err(|_| "PTX holds a NUL byte".to_string())?);
+    guard.insert(cc, c.clone());
+    Ok(c)
+}
+
+/// One device's execution resources for one model.
+pub(crate) struct Gpu {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) blas: blas_sys::cublasHandle_t,
+    module: drv_sys::CUmodule,
+    funcs: HashMap<&'static str, drv_sys::CUfunction>,
+    _workspace: DeviceBuffer,
+}
+
+// SAFETY: the raw handles (cuBLAS handle, module, functions) are only used
+// through `&mut CudaModel`, one thread at a time, after binding the context.
+unsafe impl Send for Gpu {}
+
+/// Bytes of cuBLAS workspace (fixed so that gemms can be captured into graphs).
+const WORKSPACE: usize = 32 << 20;
+
+fn derr(what: &str, e: impl std::fmt::Debug) -> String {
+    format!("cuda: {what}: {e:?}")
+}
+
+impl Gpu {
+    /// Open `ordinal`, load the kernels, create a stream and a cuBLAS handle.
+    pub(crate) fn new(ordinal: usize) -> Result<Gpu, String> {
+        let count = cuda_available()?;
+        if ordinal >= count {
+            return Err(format!("cuda:{ordinal}: only {count} device(s)"));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| derr("context", e))?;
+        // SAFETY: this backend addresses memory by raw pointers on one stream and
+        // orders all work on it; cudarc's per-slice events are not needed, and
+        // they would break stream capture.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| derr("stream", e))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| derr("compute capability", e))?;
+        let ptx = ptx_for(cc)?;
+        ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
+        // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call.
+        let module = unsafe { drv::module::load_data(ptx.as_ptr() as *const c_void) }
+            .map_err(|e| derr("load module", e))?;
+        let mut funcs = HashMap::new();
+        for &name in KERNELS {
+            let cname = CString::new(name).map_err(|_| "kernel name".to_string())?;
+            // SAFETY: `module` was just loaded and is valid.
+            let f = unsafe { drv::module::get_function(module, cname) }
+                .map_err(|e| derr(&format!("kernel {name}"), e))?;
+            funcs.insert(name, f);
+        }
+        let handle = blas::create_handle().map_err(|e| derr("cublas handle", e))?;
+        let workspace = DeviceBuffer::new(&ctx, WORKSPACE)?;
+        // SAFETY: handle, stream and workspace are valid; the workspace lives as long as the handle.
+        unsafe {
+            blas::set_stream(handle, stream.cu_stream() as blas_sys::cudaStream_t)
+                .map_err(|e| derr("cublas stream", e))?;
+            blas_sys::cublasSetWorkspace_v2(handle, workspace.ptr as *mut c_void, WORKSPACE)
+                .result()
+                .map_err(|e| derr("cublas workspace", e))?;
+        }
+        Ok(Gpu {
+            ctx,
+            stream,
+            blas: handle,
+            module,
+            funcs,
+            _workspace: workspace,
+        })
+    }
+
+    /// The loaded kernel `name`.
+    pub(crate) fn func(&self, name: &str) -> Result<drv_sys::CUfunction, String> {
+        self.funcs
+            .get(name)
+            .copied()
+            .ok_or_else(|| format!("cuda: kernel {name} is not in the module"))
+    }
+
+    /// Make the context current on this thread.
+    pub(crate) fn bind(&self) -> Result<(), String> {
+        self.ctx.bind_to_thread().map_err(|e| derr("bind", e))
+    }
+
+    /// Wait for all work on the stream.
+    pub(crate) fn sync(&self) -> Result<(), String> {
+        self.stream
+            .synchronize()
+            .map_err(|e| derr("synchronize", e))
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: the handle and module were created by `new` and are dropped once.
+        unsafe {
+            let _ = blas::destroy_handle(self.blas);
+            let _ = drv::module::unload(self.module);
+        }
+    }
+}
+
+/// A plain device allocation (cuMemAlloc), freed on drop.
+pub(crate) struct DeviceBuffer {
+    pub(crate) ptr: drv_sys::CUdeviceptr,
+    pub(crate) bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DeviceBuffer {
+    /// Allocate `bytes` (at least 256).
+    pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuffer, String> {
+        ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
+        let n = bytes.max(256);
+        // SAFETY: a plain allocation of `n` bytes in the bound context.
+        let ptr =
+            unsafe { drv::malloc_sync(n) }.map_err(|e| derr(&format!("alloc {n} bytes"), e))?;
+        Ok(DeviceBuffer {
+            ptr,
+            bytes,
+            ctx: ctx.clone(),
+        })
+    }
+
+    /// Copy `data` into the start of the buffer, synchronously.
+    pub(crate) fn upload(&self, data: &[u8]) -> Result<(), String> {
+        if data.len() > self.bytes.max(256) {
+            return Err(format!(
+                "cuda: upload of {} bytes into {} bytes",
+                data.len(),
+                self.bytes
+            ));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
+        // SAFETY: the destination holds at least `data.len()` bytes (checked above).
+        unsafe { drv::memcpy_htod_sync(self.ptr, data) }.map_err(|e| derr("upload", e))
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: `ptr` came from `malloc_sync` and is freed once; the context
+        // synchronizes before freeing device memory that work may still use.
+        unsafe {
+            let _ = drv::free_sync(self.ptr);
+        }
+    }
+}
+
+/// Page-locked host memory, for asynchronous copies.
+pub(crate) struct Pinned {
+    ptr: *mut u8,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: the buffer is plain host memory owned by this value.
+unsafe impl Send for Pinned {}
+
+impl Pinned {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Pinned, String> {
+        ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
+        let n = bytes.max(64);
+        // SAFETY: allocates `n` bytes of page-locked host memory.
+        let ptr =
+            unsafe { drv::malloc_host(n, 0) }.map_err(|e| derr("pinned alloc", e))? as *mut u8;
+        Ok(Pinned {
+            ptr,
+            bytes: n,
+            ctx: ctx.clone(),
+        })
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` points to `bytes` bytes owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: `ptr` came from `malloc_host` and is freed once.
+        unsafe {
+            let _ = drv::free_host(self.ptr as *mut c_void);
+        }
+    }
+}
+
+/// An instantiated CUDA graph.
+pub(crate) struct Graph {
+    graph: drv_sys::CUgraph,
+    exec: drv_sys::CUgraphExec,
+    /// Kernel and copy nodes captured.
+    pub(crate) nodes: usize,
+}
+
+// SAFETY: graphs are launched only through `&mut CudaModel`, one thread at a time.
+unsafe impl Send for Graph {}
+
+impl Graph {
+    /// Capture what `issue` enqueues on the stream and instantiate it.
+    pub(crate) fn capture(
+        gpu: &Gpu,
+        nodes: usize,
+        issue: impl FnOnce() -> Result<(), String>,
+    ) -> Result<Graph, String> {
+        gpu.bind()?;
+        let s = gpu.stream.cu_stream();
+        // SAFETY: the stream is valid and idle (callers synchronize first).
+        unsafe {
+            drv::stream::begin_capture(
+                s,
+                drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(|e| derr("begin capture", e))?;
+        let issued = issue();
+        // SAFETY: ends the capture begun above, also when issuing failed.
+        let graph = unsafe { drv::stream::end_capture(s) };
+        issued?;
+        let graph = graph.map_err(|e| derr("end capture", e))?;
+        if graph.is_null() {
+            return Err("cuda: stream capture produced no graph".into());
+        }
+        let mut exec: drv_sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: `graph` is a valid captured graph; `exec` receives the instance.
+        let r = unsafe { drv_sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) }.result();
+        if let Err(e) = r {
+            // SAFETY: destroys the graph created above.
+            unsafe {
+                let _ = drv::graph::destroy(graph);
+            }
+            return Err(derr("instantiate graph", e));
+        }
+        Ok(Graph { graph, exec, nodes })
+    }
+
+    /// Replay on the stream.
+    pub(crate) fn launch(&self, gpu: &Gpu) -> Result<(), String> {
+        // SAFETY: `exec` is a valid instance; the stream is valid.
+        unsafe { drv::graph::launch(self.exec, gpu.stream.cu_stream()) }
+            .map_err(|e| derr("graph launch", e))
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: both handles were created in `capture` and are destroyed once.
+        unsafe {
+            let _ = drv::graph::exec_destroy(self.exec);
+            let _ = drv::graph::destroy(self.graph);
+        }
+    }
+}

@@ -1,0 +1,957 @@
+//! The CUDA executor: one device arena planned step-aware, weights uploaded
+//! once, thunks as one launch per op, compiled segments as CUDA graphs.
+
+use crate::device::{DeviceBuffer, Gpu, Graph as CuGraph, Pinned};
+use crate::lower::{lower, view_of, Arg, Launch};
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::driver::{result as drv, sys as drv_sys};
+use rlx_cpu::{CpuModel, CpuOptions};
+use rlx_ir::{DType, Graph, Node, NodeId, Op, Shape, Tensor, TensorData};
+use rlx_runtime::hybrid::{
+    build_plan, HybridPlan, PlanReport, SegmentCompiler, SplitPolicy, Step, SubGraph,
+};
+use rlx_runtime::memory::{plan_memory, MemoryPlan, Tick};
+use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef};
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
+
+/// How to compile a graph for a CUDA device.
+#[derive(Debug, Clone)]
+pub struct CudaOptions {
+    /// Device ordinal.
+    pub device: usize,
+    /// Split into CUDA-graph segments and thunk ranges (else thunks only).
+    pub hybrid: bool,
+    /// Which ops may enter compiled segments (default: every op the
+    /// backend can run; attention included, since its shapes are static).
+    pub policy: SplitPolicy,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            device: 0,
+            hybrid: false,
+            policy: SplitPolicy::new(|_| true),
+        }
+    }
+}
+
+/// The CUDA segment compiler: it takes every op the backend has a kernel
+/// for, and lowers a segment to its own scratch memory plan. At run time
+/// the segment's launches are captured into one CUDA graph that replays
+/// as one dispatch; boundary tensors are arena slots at fixed addresses.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CudaSegmentCompiler;
+
+/// A lowered segment: the memory plan of its internal tensors.
+#[derive(Debug)]
+pub struct SegmentPlan {
+    mem: MemoryPlan,
+}
+
+impl SegmentPlan {
+    /// Bytes of scratch memory for the segment's internal tensors.
+    pub fn scratch_bytes(&self) -> usize {
+        self.mem.arena_bytes
+    }
+}
+
+/// Dummy addresses for capability checks: every node has one.
+fn dummy_addr(id: NodeId) -> Option<u64> {
+    Some(0x1000_0000 + (id.0 as u64) * 0x1000_0000)
+}
+
+impl SegmentCompiler for CudaSegmentCompiler {
+    type Lowered = SegmentPlan;
+
+    fn name(&self) -> &'static str {
+        "cuda-graph"
+    }
+
+    fn claims(&self, graph: &Graph, node: &Node) -> Result<(), String> {
+        lower(graph, node, &dummy_addr, &mut Vec::new()).map(|_| ())
+    }
+
+    fn try_lower(&self, sub: &SubGraph) -> Result<SegmentPlan, String> {
+        let g = &sub.graph;
+        for n in g.nodes() {
+            if !n.op.is_leaf() {
+                lower(g, n, &dummy_addr, &mut Vec::new()).map_err(|e| {
+                    format!(
+                        "node {} ({}): {e}",
+                        sub.parent_of[n.id.index()],
+                        n.op.name()
+                    )
+                })?;
+            }
+        }
+        let ticks: Vec<Tick> = g
+            .nodes()
+            .iter()
+            .filter(|n| !n.op.is_leaf())
+            .map(|n| Tick::Node(n.id))
+            .collect();
+        let mem = plan_memory(g, &ticks, |n| view_of(g, n), |_| false);
+        Ok(SegmentPlan { mem })
+    }
+}
+
+fn rt(message: String) -> RuntimeError {
+    RuntimeError::Unsupported(message)
+}
+
+fn kernel_err(graph: &Graph, node: NodeId, message: String) -> RuntimeError {
+    RuntimeError::Kernel {
+        node,
+        op: graph.get(node).map(|n| n.op.describe()).unwrap_or_default(),
+        message,
+    }
+}
+
+/// A launch with its arguments resolved to bytes.
+struct Ready {
+    work: Work,
+    /// The node it belongs to (for errors).
+    node: NodeId,
+}
+
+enum Work {
+    Kernel {
+        f: drv_sys::CUfunction,
+        grid: [u32; 3],
+        block: u32,
+        args: Box<[u64]>,
+    },
+    Gemm(crate::lower::Gemm),
+    Copy {
+        dst: u64,
+        src: u64,
+        bytes: usize,
+    },
+    Zero {
+        dst: u64,
+        bytes: usize,
+    },
+}
+
+// SAFETY: `CUfunction` handles are plain identifiers of loaded kernels; they
+// are used only through `&mut CudaModel`.
+unsafe impl Send for Ready {}
+
+impl Ready {
+    fn issue(&self, gpu: &Gpu) -> Result<(), String> {
+        let stream = gpu.stream.cu_stream();
+        match &self.work {
+            Work::Kernel {
+                f,
+                grid,
+                block,
+                args,
+            } => {
+                let mut ptrs: Vec<*mut c_void> = args
+                    .iter()
+                    .map(|a| a as *const u64 as *mut c_void)
+                    .collect();
+                // SAFETY: each pointer addresses an 8-byte slot whose low bytes hold
+                // the kernel parameter in the kernel's own type (little-endian);
+                // device addresses come from live allocations of this model.
+                unsafe {
+                    drv::launch_kernel(
+                        *f,
+                        (grid[0], grid[1], grid[2]),
+                        (*block, 1, 1),
+                        0,
+                        stream,
+                        &mut ptrs,
+                    )
+                }
+                .map_err(|e| format!("launch: {e:?}"))
+            }
+            Work::Gemm(g) => {
+                let (alpha, beta) = (1.0f32, 0.0f32);
+                // SAFETY: all addresses were lowered from live device buffers with
+                // the sizes the gemm reads and writes; alpha/beta are host scalars.
+                unsafe {
+                    blas::sgemm_strided_batched(
+                        gpu.blas,
+                        blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                        blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                        g.m,
+                        g.n,
+                        g.k,
+                        &alpha,
+                        g.a as *const f32,
+                        g.lda,
+                        g.sa,
+                        g.b as *const f32,
+                        g.ldb,
+                        g.sb,
+                        &beta,
+                        g.c as *mut f32,
+                        g.ldc,
+                        g.sc,
+                        g.batch,
+                    )
+                }
+                .map_err(|e| format!("cublasSgemmStridedBatched: {e:?}"))
+            }
+            Work::Copy { dst, src, bytes } => {
+                // SAFETY: both ranges lie in live device allocations (lowered from the plan).
+                unsafe { drv::memcpy_dtod_async(*dst, *src, *bytes, stream) }
+                    .map_err(|e| format!("copy: {e:?}"))
+            }
+            Work::Zero { dst, bytes } => {
+                // SAFETY: the range lies in a live device allocation.
+                unsafe { drv::memset_d8_async(*dst, 0, *bytes, stream) }
+                    .map_err(|e| format!("memset: {e:?}"))
+            }
+        }
+    }
+}
+
+/// One executable step with resolved work.
+enum ExecStep {
+    Launches(Vec<Ready>),
+    Graph(CuGraph),
+}
+
+/// The planned main graph.
+struct Core {
+    graph: Graph,
+    steps: Vec<Step<SegmentPlan>>,
+    report: PlanReport,
+    mem: MemoryPlan,
+    scratch_bytes: usize,
+}
+
+impl Core {
+    fn new(graph: Graph, opts: &CudaOptions) -> Core {
+        let plan = if opts.hybrid {
+            build_plan(&graph, &opts.policy, &CudaSegmentCompiler)
+        } else {
+            HybridPlan::thunks_only(&graph)
+        };
+        let mut ticks = Vec::new();
+        for s in &plan.steps {
+            match s {
+                Step::Thunks { start, end } => ticks.extend(
+                    graph.nodes()[*start..*end]
+                        .iter()
+                        .filter(|n| !n.op.is_leaf())
+                        .map(|n| Tick::Node(n.id)),
+                ),
+                Step::Compiled { segment, .. } => ticks.push(Tick::Segment {
+                    inputs: segment.boundary_inputs.clone(),
+                    outputs: segment.boundary_outputs.clone(),
+                }),
+            }
+        }
+        let mem = plan_memory(&graph, &ticks, |n| view_of(&graph, n), |_| false);
+        let scratch_bytes = plan
+            .steps
+            .iter()
+            .map(|s| match s {
+                Step::Compiled { lowered, .. } => lowered.scratch_bytes(),
+                Step::Thunks { .. } => 0,
+            })
+            .max()
+            .unwrap_or(0);
+        Core {
+            graph,
+            steps: plan.steps,
+            report: plan.report,
+            mem,
+            scratch_bytes,
+        }
+    }
+}
+
+/// Nodes computed from params and constants alone: evaluated once per
+/// change of params (on the host, by the CPU backend), not on every run.
+fn static_nodes(graph: &Graph) -> Vec<bool> {
+    let mut s = vec![false; graph.len()];
+    for n in graph.nodes() {
+        s[n.id.index()] = !n.op.is_leaf()
+            && !matches!(n.op, Op::CacheWrite { .. })
+            && n.inputs.iter().all(|&i| {
+                s[i.index()] || matches!(graph.node(i).op, Op::Param { .. } | Op::Constant { .. })
+            });
+    }
+    s
+}
+
+/// Split `graph` into the per-run graph (static nodes replaced by
+/// `%static.N` params) and, if any, the param-only prep graph and the
+/// names its outputs are stored under.
+fn split_static(graph: &Graph) -> (Graph, Option<(Graph, Vec<String>)>) {
+    let is_static = static_nodes(graph);
+    let users = graph.users_all();
+    let frontier: Vec<NodeId> = graph
+        .nodes()
+        .iter()
+        .filter(|n| {
+            is_static[n.id.index()]
+                && (graph.outputs.contains(&n.id)
+                    || users[n.id.index()].iter().any(|u| !is_static[u.index()]))
+        })
+        .map(|n| n.id)
+        .collect();
+    let static_name = |id: NodeId| format!("%static.{}", id.0);
+    let mut main = Graph::new(graph.name.clone());
+    let mut prep = Graph::new(format!("{}.prep", graph.name));
+    let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+    for n in graph.nodes() {
+        if is_static[n.id.index()] {
+            main.add_node(
+                Op::Param {
+                    name: static_name(n.id),
+                },
+                vec![],
+                n.shape.clone(),
+            );
+            for &i in &n.inputs {
+                map.entry(i).or_insert_with(|| {
+                    let leaf = graph.node(i);
+                    prep.add_node(leaf.op.clone(), vec![], leaf.shape.clone())
+                });
+            }
+            let ins = n.inputs.iter().map(|i| map[i]).collect();
+            map.insert(n.id, prep.add_node(n.op.clone(), ins, n.shape.clone()));
+        } else {
+            main.add_node(n.op.clone(), n.inputs.clone(), n.shape.clone());
+        }
+    }
+    main.set_outputs(graph.outputs.clone());
+    if frontier.is_empty() {
+        return (main, None);
+    }
+    prep.set_outputs(frontier.iter().map(|f| map[f]).collect());
+    (
+        main,
+        Some((prep, frontier.iter().map(|&f| static_name(f)).collect())),
+    )
+}
+
+/// The param-only part of a graph, run on the host when params change.
+struct Prep {
+    model: CpuModel,
+    params: Vec<String>,
+    names: Vec<String>,
+}
+
+fn tensor_bytes(t: &Tensor) -> &[u8] {
+    match &*t.data {
+        TensorData::F32(v) => bytemuck::cast_slice(v),
+        TensorData::I32(v) => bytemuck::cast_slice(v),
+        TensorData::I64(v) => bytemuck::cast_slice(v),
+        TensorData::U8(v) => v,
+    }
+}
+
+fn ref_bytes<'a>(r: &TensorRef<'a>) -> &'a [u8] {
+    match *r {
+        TensorRef::F32(v) => bytemuck::cast_slice(v),
+        TensorRef::I32(v) => bytemuck::cast_slice(v),
+        TensorRef::I64(v) => bytemuck::cast_slice(v),
+        TensorRef::U8(v) => v,
+    }
+}
+
+fn ref_to_tensor(shape: &Shape, r: TensorRef<'_>) -> Tensor {
+    let data = match r {
+        TensorRef::F32(v) => TensorData::F32(v.to_vec()),
+        TensorRef::I32(v) => TensorData::I32(v.to_vec()),
+        TensorRef::I64(v) => TensorData::I64(v.to_vec()),
+        TensorRef::U8(v) => TensorData::U8(v.to_vec()),
+    };
+    Tensor {
+        shape: shape.clone(),
+        data: data.into(),
+    }
+}
+
+fn tensor_from_bytes(shape: &Shape, b: &[u8]) -> Tensor {
+    let data = match shape.dtype {
+        DType::F32 => TensorData::F32(bytemuck::pod_collect_to_vec(b)),
+        DType::I32 => TensorData::I32(bytemuck::pod_collect_to_vec(b)),
+        DType::I64 => TensorData::I64(bytemuck::pod_collect_to_vec(b)),
+        _ => TensorData::U8(b.to_vec()),
+    };
+    Tensor {
+        shape: shape.clone(),
+        data: data.into(),
+    }
+}
+
+fn check_buffer(name: &str, shape: &Shape, r: &TensorRef<'_>) -> Result<(), RuntimeError> {
+    let want = match shape.dtype {
+        DType::Bool => DType::U8,
+        d => d,
+    };
+    if r.dtype() != want {
+        return Err(RuntimeError::WrongDType {
+            name: name.into(),
+            shape: shape.clone(),
+            expected: shape.dtype,
+            got: r.dtype(),
+        });
+    }
+    if r.len() != shape.numel() {
+        return Err(RuntimeError::WrongLength {
+            name: name.into(),
+            shape: shape.clone(),
+            expected: shape.numel(),
+            got: r.len(),
+        });
+    }
+    Ok(())
+}
+
+/// A graph compiled for a CUDA device.
+pub struct CudaModel {
+    core: Core,
+    prep: Option<Prep>,
+    params: HashMap<String, Tensor>,
+    param_shapes: HashMap<String, Shape>,
+    inputs: Vec<(String, NodeId, Shape)>,
+    /// Params whose host value changed since the last upload.
+    stale: HashSet<String>,
+    /// Whether the prep graph must run again.
+    prep_dirty: bool,
+    /// The resolved schedule; `None` after any device address changed.
+    exec: Option<Vec<ExecStep>>,
+    dev_params: HashMap<String, DeviceBuffer>,
+    consts: HashMap<NodeId, DeviceBuffer>,
+    arena: DeviceBuffer,
+    scratch: DeviceBuffer,
+    meta: Option<DeviceBuffer>,
+    status: DeviceBuffer,
+    in_stage: Pinned,
+    out_stage: Pinned,
+    /// Byte offset of each graph output in `out_stage` (arena outputs only).
+    out_offsets: Vec<Option<usize>>,
+    /// Byte offset of each input (by position in `inputs`) in `in_stage`.
+    in_offsets: Vec<usize>,
+    gpu: Gpu,
+}
+
+fn stage_offsets<'a>(
+    sizes: impl Iterator<Item = Option<usize>> + 'a,
+) -> (Vec<Option<usize>>, usize) {
+    let mut at = 0usize;
+    let offs = sizes
+        .map(|s| {
+            s.map(|b| {
+                let o = at;
+                at += b.div_ceil(64) * 64;
+                o
+            })
+        })
+        .collect();
+    (offs, at)
+}
+
+impl CudaModel {
+    /// Verify and plan `graph` for a CUDA device: allocate the arena, upload
+    /// constants and load the kernels. Params are uploaded on the first run
+    /// after they are set.
+    pub fn compile(graph: Graph, opts: &CudaOptions) -> Result<CudaModel, RuntimeError> {
+        graph.verify()?;
+        let (main, prep) = split_static(&graph);
+        // Every node that runs on the device must have a kernel.
+        for n in main.nodes() {
+            if !n.op.is_leaf() {
+                lower(&main, n, &dummy_addr, &mut Vec::new())
+                    .map_err(|e| kernel_err(&main, n.id, format!("CUDA backend: {e}")))?;
+            }
+        }
+        let prep = match prep {
+            None => None,
+            Some((g, names)) => {
+                let params = g
+                    .nodes()
+                    .iter()
+                    .filter_map(|n| match &n.op {
+                        Op::Param { name } => Some(name.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                let model = CpuModel::compile(g, &CpuOptions::default())?;
+                Some(Prep {
+                    model,
+                    params,
+                    names,
+                })
+            }
+        };
+        let gpu = Gpu::new(opts.device).map_err(rt)?;
+        let core = Core::new(main, opts);
+        let mut param_shapes = HashMap::new();
+        let mut inputs = Vec::new();
+        for n in graph.nodes() {
+            match &n.op {
+                Op::Param { name } => {
+                    param_shapes.insert(name.clone(), n.shape.clone());
+                }
+                Op::Input { name } => inputs.push((name.clone(), n.id, n.shape.clone())),
+                _ => {}
+            }
+        }
+        let mut consts = HashMap::new();
+        for n in core.graph.nodes() {
+            if let Op::Constant { value } = &n.op {
+                let buf = DeviceBuffer::new(&gpu.ctx, n.shape.size_bytes()).map_err(rt)?;
+                buf.upload(tensor_bytes(value)).map_err(rt)?;
+                consts.insert(n.id, buf);
+            }
+        }
+        let arena = DeviceBuffer::new(&gpu.ctx, core.mem.arena_bytes).map_err(rt)?;
+        let scratch = DeviceBuffer::new(&gpu.ctx, core.scratch_bytes).map_err(rt)?;
+        let status = DeviceBuffer::new(&gpu.ctx, 4).map_err(rt)?;
+        status.upload(&[0u8; 4]).map_err(rt)?;
+        let (in_offs, in_bytes) =
+            stage_offsets(inputs.iter().map(|(_, _, s)| Some(s.size_bytes())));
+        let (out_offsets, out_bytes) = stage_offsets(
+            core.graph
+                .outputs
+                .iter()
+                .map(|&o| core.mem.placements[o.index()].map(|p| p.bytes)),
+        );
+        let in_stage = Pinned::new(&gpu.ctx, in_bytes).map_err(rt)?;
+        let out_stage = Pinned::new(&gpu.ctx, out_bytes + 64).map_err(rt)?;
+        Ok(CudaModel {
+            core,
+            prep_dirty: prep.is_some(),
+            prep,
+            params: HashMap::new(),
+            param_shapes,
+            inputs,
+            stale: HashSet::new(),
+            exec: None,
+            dev_params: HashMap::new(),
+            consts,
+            arena,
+            scratch,
+            meta: None,
+            status,
+            in_stage,
+            out_stage,
+            out_offsets,
+            in_offsets: in_offs.into_iter().map(|o| o.unwrap_or(0)).collect(),
+            gpu,
+        })
+    }
+
+    /// The memory plan's safety check: no two live tensors overlap.
+    pub fn check_memory_plan(&self) -> Result<(), (NodeId, NodeId)> {
+        self.core.mem.check_no_overlap()
+    }
+
+    /// The graph actually executed (param-only nodes replaced by `%static.N` params).
+    pub fn graph(&self) -> &Graph {
+        &self.core.graph
+    }
+
+    /// Kernel launches, gemms and copies per run in the resolved schedule
+    /// (inside CUDA graphs included), or `None` before the first run.
+    pub fn device_ops(&self) -> Option<usize> {
+        self.exec.as_ref().map(|steps| {
+            steps
+                .iter()
+                .map(|s| match s {
+                    ExecStep::Launches(v) => v.len(),
+                    ExecStep::Graph(g) => g.nodes,
+                })
+                .sum()
+        })
+    }
+
+    /// Device address of a main-graph node's data.
+    fn addr(&self, id: NodeId) -> Option<u64> {
+        let n = self.core.graph.node(id);
+        if let Some(p) = self.core.mem.placements[id.index()] {
+            return Some(self.arena.ptr + p.offset as u64);
+        }
+        match &n.op {
+            Op::Param { name } => self.dev_params.get(name).map(|b| b.ptr),
+            Op::Constant { .. } => self.consts.get(&id).map(|b| b.ptr),
+            _ => None,
+        }
+    }
+
+    /// Resolve every step's launches (and capture graphs for compiled steps).
+    fn build_exec(&mut self) -> Result<(), RuntimeError> {
+        let graph = &self.core.graph;
+        let mut meta: Vec<i32> = Vec::new();
+        let mut raw: Vec<(bool, Vec<(NodeId, Launch)>)> = Vec::new();
+        for step in &self.core.steps {
+            match step {
+                Step::Thunks { start, end } => {
+                    let mut v = Vec::new();
+                    for node in &graph.nodes()[*start..*end] {
+                        if node.op.is_leaf() {
+                            continue;
+                        }
+                        let ls = lower(graph, node, &|id| self.addr(id), &mut meta)
+                            .map_err(|e| kernel_err(graph, node.id, e))?;
+                        v.extend(ls.into_iter().map(|l| (node.id, l)));
+                    }
+                    raw.push((false, v));
+                }
+                Step::Compiled { sub, lowered, .. } => {
+                    let g = &sub.graph;
+                    let outs: HashMap<NodeId, NodeId> = g
+                        .outputs
+                        .iter()
+                        .zip(&sub.outputs)
+                        .map(|(&s, &p)| (s, p))
+                        .collect();
+                    let n_leaves = sub.inputs.len();
+                    let sub_addr = |id: NodeId| -> Option<u64> {
+                        if let Some(&p) = outs.get(&id) {
+                            return self.addr(p);
+                        }
+                        if id.index() < n_leaves {
+                            return self.addr(sub.inputs[id.index()]);
+                        }
+                        let pl = lowered.mem.placements[id.index()]?;
+                        let r = pl.root;
+                        if r.index() < n_leaves || outs.contains_key(&r) {
+                            let rp = lowered.mem.placements[r.index()]?;
+                            let base = if let Some(&p) = outs.get(&r) {
+                                self.addr(p)?
+                            } else {
+                                self.addr(sub.inputs[r.index()])?
+                            };
+                            return Some(base + (pl.offset - rp.offset) as u64);
+                        }
+                        Some(self.scratch.ptr + pl.offset as u64)
+                    };
+                    let mut v = Vec::new();
+                    for node in g.nodes() {
+                        if node.op.is_leaf() {
+                            continue;
+                        }
+                        let parent = sub.parent_of[node.id.index()];
+                        let ls = lower(g, node, &sub_addr, &mut meta)
+                            .map_err(|e| kernel_err(graph, parent, e))?;
+                        v.extend(ls.into_iter().map(|l| (parent, l)));
+                    }
+                    raw.push((true, v));
+                }
+            }
+        }
+        let meta_buf = DeviceBuffer::new(&self.gpu.ctx, meta.len() * 4).map_err(rt)?;
+        meta_buf.upload(bytemuck::cast_slice(&meta)).map_err(rt)?;
+        let mut steps = Vec::new();
+        for (compiled, launches) in raw {
+            let ready: Vec<Ready> = launches
+                .into_iter()
+                .map(|(node, l)| self.resolve(node, l, meta_buf.ptr))
+                .collect::<Result<_, _>>()?;
+            if compiled {
+                self.gpu.sync().map_err(rt)?;
+                let gpu = &self.gpu;
+                let count = ready.len();
+                let g = CuGraph::capture(gpu, count, || {
+                    for r in &ready {
+                        r.issue(gpu).map_err(|e| format!("node {}: {e}", r.node))?;
+                    }
+                    Ok(())
+                })
+                .map_err(rt)?;
+                steps.push(ExecStep::Graph(g));
+            } else {
+                steps.push(ExecStep::Launches(ready));
+            }
+        }
+        self.meta = Some(meta_buf);
+        self.exec = Some(steps);
+        Ok(())
+    }
+
+    fn resolve(&self, node: NodeId, l: Launch, meta: u64) -> Result<Ready, RuntimeError> {
+        let work = match l {
+            Launch::Kernel {
+                name,
+                grid,
+                block,
+                args,
+            } => Work::Kernel {
+                f: self.gpu.func(name).map_err(rt)?,
+                grid,
+                block,
+                args: args
+                    .iter()
+                    .map(|a| match *a {
+                        Arg::P(p) => p,
+                        Arg::I(i) => i as u32 as u64,
+                        Arg::L(l) => l as u64,
+                        Arg::F(f) => f.to_bits() as u64,
+                        Arg::Meta(at) => meta + 4 * at as u64,
+                        Arg::Status => self.status.ptr,
+                    })
+                    .collect(),
+            },
+            Launch::Gemm(g) => Work::Gemm(g),
+            Launch::Copy { dst, src, bytes } => Work::Copy { dst, src, bytes },
+            Launch::Zero { dst, bytes } => Work::Zero { dst, bytes },
+        };
+        Ok(Ready { work, node })
+    }
+
+    /// Run the prep graph if params changed, and upload stale params.
+    fn sync_params(&mut self) -> Result<(), RuntimeError> {
+        if self.prep_dirty {
+            if let Some(prep) = &mut self.prep {
+                for name in &prep.params {
+                    if let Some(t) = self.params.get(name) {
+                        prep.model.set_param_tensor(name, t.clone())?;
+                    }
+                }
+                let outs = prep.model.run(&[])?;
+                for (name, t) in prep.names.iter().zip(outs) {
+                    self.params.insert(name.clone(), t);
+                    self.stale.insert(name.clone());
+                }
+            }
+            self.prep_dirty = false;
+        }
+        let used: HashSet<&str> = self
+            .core
+            .graph
+            .nodes()
+            .iter()
+            .filter_map(|n| match &n.op {
+                Op::Param { name } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        let stale: Vec<String> = self.stale.drain().collect();
+        for name in stale {
+            if !used.contains(name.as_str()) {
+                continue;
+            }
+            let Some(t) = self.params.get(&name) else {
+                continue;
+            };
+            let bytes = tensor_bytes(t);
+            match self.dev_params.get(&name) {
+                Some(b) if b.bytes == bytes.len() => b.upload(bytes).map_err(rt)?,
+                _ => {
+                    let b = DeviceBuffer::new(&self.gpu.ctx, bytes.len()).map_err(rt)?;
+                    b.upload(bytes).map_err(rt)?;
+                    self.dev_params.insert(name.clone(), b);
+                    self.exec = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn run_inner(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {
+        let mut bound: Vec<Option<TensorRef<'_>>> = vec![None; self.inputs.len()];
+        for (name, data) in inputs {
+            let Some(pos) = self.inputs.iter().position(|(n, _, _)| n == name) else {
+                return Err(RuntimeError::UnknownInput {
+                    name: name.to_string(),
+                    known: self
+                        .inputs
+                        .iter()
+                        .map(|i| i.0.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            };
+            if bound[pos].is_some() {
+                return Err(RuntimeError::DuplicateInput {
+                    name: name.to_string(),
+                });
+            }
+            check_buffer(name, &self.inputs[pos].2, data)?;
+            bound[pos] = Some(*data);
+        }
+        if let Some(pos) = bound.iter().position(|b| b.is_none()) {
+            return Err(RuntimeError::MissingInput {
+                name: self.inputs[pos].0.clone(),
+                shape: self.inputs[pos].2.clone(),
+            });
+        }
+        let mut missing: Vec<_> = self
+            .param_shapes
+            .iter()
+            .filter(|(n, _)| !self.params.contains_key(*n))
+            .collect();
+        missing.sort_by(|a, b| a.0.cmp(b.0));
+        if let Some((name, shape)) = missing.first() {
+            return Err(RuntimeError::MissingParam {
+                name: name.to_string(),
+                shape: (*shape).clone(),
+            });
+        }
+        self.gpu.bind().map_err(rt)?;
+        self.sync_params()?;
+        if self.exec.is_none() {
+            self.build_exec()?;
+        }
+        let stream = self.gpu.stream.cu_stream();
+        // Bind inputs: host -> pinned staging -> arena slots.
+        {
+            let stage = self.in_stage.as_mut_slice();
+            for (pos, data) in bound.iter().enumerate() {
+                let b = ref_bytes(data.as_ref().expect("checked above"));
+                let at = self.in_offsets[pos];
+                stage[at..at + b.len()].copy_from_slice(b);
+            }
+        }
+        for (pos, (_, id, shape)) in self.inputs.iter().enumerate() {
+            let Some(p) = self.core.mem.placements[id.index()] else {
+                continue;
+            };
+            let at = self.in_offsets[pos];
+            let bytes = shape.size_bytes();
+            if bytes == 0 {
+                continue;
+            }
+            let src = &self.in_stage.as_slice()[at..at + bytes];
+            // SAFETY: the slot holds `bytes` bytes; `src` is pinned memory that
+            // stays untouched until the stream is synchronized below.
+            unsafe { drv::memcpy_htod_async(self.arena.ptr + p.offset as u64, src, stream) }
+                .map_err(|e| rt(format!("cuda: input upload: {e:?}")))?;
+        }
+        let graph = &self.core.graph;
+        for step in self.exec.as_ref().expect("built above") {
+            match step {
+                ExecStep::Launches(v) => {
+                    for r in v {
+                        r.issue(&self.gpu)
+                            .map_err(|e| kernel_err(graph, r.node, e))?;
+                    }
+                }
+                ExecStep::Graph(g) => g.launch(&self.gpu).map_err(rt)?,
+            }
+        }
+        let out_ids = graph.outputs.clone();
+        let status_at = self.out_stage.as_slice().len() - 64;
+        {
+            let arena = self.arena.ptr;
+            let status_ptr = self.status.ptr;
+            let stage = self.out_stage.as_mut_slice();
+            for (i, &o) in out_ids.iter().enumerate() {
+                let (Some(p), Some(at)) =
+                    (self.core.mem.placements[o.index()], self.out_offsets[i])
+                else {
+                    continue;
+                };
+                if p.bytes == 0 {
+                    continue;
+                }
+                // SAFETY: `stage[at..at + bytes]` is pinned memory reserved for this
+                // output; the source is its arena slot.
+                unsafe {
+                    drv::memcpy_dtoh_async(
+                        &mut stage[at..at + p.bytes],
+                        arena + p.offset as u64,
+                        stream,
+                    )
+                }
+                .map_err(|e| rt(format!("cuda: output download: {e:?}")))?;
+            }
+            // SAFETY: 4 bytes of the reserved tail of the staging buffer.
+            unsafe {
+                drv::memcpy_dtoh_async(&mut stage[status_at..status_at + 4], status_ptr, stream)
+            }
+            .map_err(|e| rt(format!("cuda: status download: {e:?}")))?;
+        }
+        self.gpu.sync().map_err(rt)?;
+        let stage = self.out_stage.as_slice();
+        let code = i32::from_le_bytes(stage[status_at..status_at + 4].try_into().expect("4 bytes"));
+        if code != 0 {
+            self.status.upload(&[0u8; 4]).map_err(rt)?;
+            let node = NodeId((code - 1) as u32);
+            return Err(kernel_err(
+                graph,
+                node,
+                "an index is out of range of the table (the output row was zeroed)".into(),
+            ));
+        }
+        out_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &o)| {
+                let shape = &graph.node(o).shape;
+                match (self.core.mem.placements[o.index()], self.out_offsets[i]) {
+                    (Some(p), Some(at)) => Ok(tensor_from_bytes(shape, &stage[at..at + p.bytes])),
+                    _ => match &graph.node(o).op {
+                        Op::Param { name } => self.params.get(name).cloned().ok_or_else(|| {
+                            RuntimeError::MissingParam {
+                                name: name.clone(),
+                                shape: shape.clone(),
+                            }
+                        }),
+                        Op::Constant { value } => Ok(value.clone()),
+                        _ => Err(kernel_err(graph, o, "output has no home".into())),
+                    },
+                }
+            })
+            .collect()
+    }
+}
+
+impl Executable for CudaModel {
+    fn set_param(&mut self, name: &str, value: TensorRef<'_>) -> Result<(), RuntimeError> {
+        let shape = self
+            .param_shapes
+            .get(name)
+            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
+        check_buffer(name, shape, &value)?;
+        self.params
+            .insert(name.to_string(), ref_to_tensor(shape, value));
+        self.stale.insert(name.to_string());
+        self.prep_dirty = self.prep.is_some();
+        Ok(())
+    }
+
+    fn set_param_tensor(&mut self, name: &str, value: Tensor) -> Result<(), RuntimeError> {
+        let shape = self
+            .param_shapes
+            .get(name)
+            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
+        if !value.data.fits(shape) {
+            return Err(RuntimeError::WrongLength {
+                name: name.into(),
+                shape: shape.clone(),
+                expected: shape.numel(),
+                got: value.data.len(),
+            });
+        }
+        self.params.insert(name.to_string(), value);
+        self.stale.insert(name.to_string());
+        self.prep_dirty = self.prep.is_some();
+        Ok(())
+    }
+
+    fn take_param(&mut self, name: &str) -> Option<Tensor> {
+        self.prep_dirty = self.prep.is_some();
+        self.dev_params.remove(name);
+        self.exec = None;
+        self.params.remove(name)
+    }
+
+    fn run(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {
+        self.run_inner(inputs)
+    }
+
+    fn report(&self) -> &PlanReport {
+        &self.core.report
+    }
+
+    fn memory(&self) -> MemoryStats {
+        MemoryStats {
+            arena_bytes: self.core.mem.arena_bytes,
+            naive_bytes: self.core.mem.naive_bytes,
+            scratch_bytes: self.core.scratch_bytes,
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! rlx-cuda: the CUDA backend.
+//!
+//! - [`CudaModel`]: a graph compiled for one NVIDIA GPU. One device arena,
+//!   planned step-aware by `rlx_runtime::memory::plan_memory`; weights
+//!   uploaded once (param-only subgraphs, such as the optimizer's QKV weight
+//!   concat, run once on the host through `rlx_cpu` and are uploaded as
+//!   params); kernels written in CUDA C and compiled by NVRTC once per
+//!   process and compute capability; matmuls through cuBLAS sgemm with a
+//!   bias/activation epilogue kernel.
+//! - Thunks mode: one launch (kernel, gemm or copy) per op.
+//! - Hybrid mode: [`CudaSegmentCompiler`] lowers each segment of the plan;
+//!   at the first run its launches are captured into a CUDA graph that
+//!   replays as one dispatch. Boundary tensors are arena slots at fixed
+//!   addresses; segment-internal tensors live in a shared scratch buffer.
+//!
+//! cudarc loads the CUDA libraries at run time, so the crate builds without
+//! a CUDA toolkit; [`cuda_available`] says whether a device can be used.
+
+mod device;
+mod executor;
+mod kernels;
+mod lower;
+
+pub use device::cuda_available;
+pub use executor::{CudaModel, CudaOptions, CudaSegmentCompiler, SegmentPlan};

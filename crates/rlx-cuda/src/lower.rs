@@ -1,0 +1,981 @@
+//! Lowering one node to device work: kernel launches, cuBLAS gemms and copies.
+//!
+//! Lowering is pure: it reads shapes and device addresses and produces a
+//! list of [`Launch`]es. The same function checks capability (with dummy
+//! addresses) and builds the real schedule.
+
+use rlx_ir::op::{Activation, BinaryOp, MaskKind, ReduceOp, RopeStyle};
+use rlx_ir::{DType, Graph, Node, NodeId, Op, Shape};
+
+/// Ranks above this need more metadata than the kernels read.
+const MAX_RANK: usize = 8;
+
+/// One kernel argument.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg {
+    /// A device address (or 0 for null).
+    P(u64),
+    /// A C `int`.
+    I(i32),
+    /// A C `long long`.
+    L(i64),
+    /// A C `float`.
+    F(f32),
+    /// The address of element `usize` of the metadata buffer.
+    Meta(usize),
+    /// The address of the status word.
+    Status,
+}
+
+/// A column-major gemm call (already transformed from row-major).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Gemm {
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub a: u64,
+    pub lda: i32,
+    pub sa: i64,
+    pub b: u64,
+    pub ldb: i32,
+    pub sb: i64,
+    pub c: u64,
+    pub ldc: i32,
+    pub sc: i64,
+    pub batch: i32,
+}
+
+/// One unit of device work.
+#[derive(Debug, Clone)]
+pub(crate) enum Launch {
+    /// A kernel from the NVRTC module.
+    Kernel {
+        name: &'static str,
+        grid: [u32; 3],
+        block: u32,
+        args: Vec<Arg>,
+    },
+    /// A cuBLAS sgemm (strided batched).
+    Gemm(Gemm),
+    /// A device-to-device copy.
+    Copy { dst: u64, src: u64, bytes: usize },
+    /// Zero `bytes` at `dst`.
+    Zero { dst: u64, bytes: usize },
+}
+
+/// Where each node's data lives.
+pub(crate) trait Addr {
+    /// The device address of `id`'s data, if it has one.
+    fn addr(&self, id: NodeId) -> Option<u64>;
+}
+
+impl<F: Fn(NodeId) -> Option<u64>> Addr for F {
+    fn addr(&self, id: NodeId) -> Option<u64> {
+        self(id)
+    }
+}
+
+/// Whether the CUDA backend executes `node` as an alias of its first input
+/// (and at which byte offset). Mirrors the CPU's rules.
+pub(crate) fn view_of(graph: &Graph, node: &Node) -> Option<(NodeId, usize)> {
+    let src = *node.inputs.first()?;
+    let s = &graph.node(src).shape;
+    match &node.op {
+        Op::Reshape { .. } => Some((src, 0)),
+        Op::Cast { to } if *to == s.dtype => Some((src, 0)),
+        Op::Expand { shape } if *shape == s.dims => Some((src, 0)),
+        Op::Narrow { axis, start, .. } if s.dims[..*axis].iter().all(|&d| d == 1) => {
+            Some((src, start * s.strides()[*axis] * s.dtype.size_bytes()))
+        }
+        _ => None,
+    }
+}
+
+fn grid1(n: usize) -> [u32; 3] {
+    [n.div_ceil(256).clamp(1, 8192) as u32, 1, 1]
+}
+
+fn elementwise(name: &'static str, n: usize, args: Vec<Arg>) -> Launch {
+    Launch::Kernel {
+        name,
+        grid: grid1(n),
+        block: 256,
+        args,
+    }
+}
+
+fn int(x: usize, what: &str) -> Result<i32, String> {
+    i32::try_from(x).map_err(|_| format!("{what} = {x} does not fit a 32-bit int"))
+}
+
+fn act_code(a: Option<Activation>) -> i32 {
+    match a {
+        None => 12,
+        Some(Activation::Relu) => 0,
+        Some(Activation::Gelu) => 1,
+        Some(Activation::GeluTanh) => 2,
+        Some(Activation::Silu) => 3,
+        Some(Activation::Sigmoid) => 4,
+        Some(Activation::Tanh) => 5,
+        Some(Activation::Exp) => 6,
+        Some(Activation::Neg) => 7,
+        Some(Activation::Sqrt) => 8,
+        Some(Activation::Rsqrt) => 9,
+        Some(Activation::Abs) => 10,
+        Some(Activation::Softplus) => 11,
+    }
+}
+
+fn bin_code(b: BinaryOp) -> i32 {
+    match b {
+        BinaryOp::Add => 0,
+        BinaryOp::Sub => 1,
+        BinaryOp::Mul => 2,
+        BinaryOp::Div => 3,
+        BinaryOp::Max => 4,
+        BinaryOp::Min => 5,
+        BinaryOp::Pow => 6,
+    }
+}
+
+fn dtype_code(d: DType) -> Option<i32> {
+    match d {
+        DType::F32 => Some(0),
+        DType::I32 => Some(1),
+        DType::I64 => Some(2),
+        DType::U8 => Some(3),
+        DType::Bool => Some(4),
+        DType::F16 | DType::BF16 => None,
+    }
+}
+
+/// `dims` padded with leading 1s to `rank`.
+fn pad(dims: &[usize], rank: usize) -> Vec<usize> {
+    let mut v = vec![1; rank - dims.len()];
+    v.extend_from_slice(dims);
+    v
+}
+
+/// Whether an operand of `dims` broadcast to `out` is `out`'s trailing block
+/// (so that `out[i]` reads operand element `i % numel`).
+fn is_suffix(dims: &[usize], out: &[usize]) -> bool {
+    let p = pad(dims, out.len());
+    match p.iter().position(|&d| d != 1) {
+        None => true,
+        Some(i) => p[i..] == out[i..],
+    }
+}
+
+/// Element strides of `dims` broadcast to `out` (0 where broadcast).
+fn bcast_strides(dims: &[usize], out: &[usize]) -> Vec<i32> {
+    let p = pad(dims, out.len());
+    let st = Shape::new(&p, DType::F32).strides();
+    p.iter()
+        .zip(st)
+        .zip(out)
+        .map(|((&d, s), &o)| if d == 1 && o != 1 { 0 } else { s as i32 })
+        .collect()
+}
+
+struct Cx<'a, A: Addr> {
+    graph: &'a Graph,
+    node: &'a Node,
+    addr: &'a A,
+    meta: &'a mut Vec<i32>,
+}
+
+impl<A: Addr> Cx<'_, A> {
+    fn shape(&self, i: usize) -> &Shape {
+        &self.graph.node(self.node.inputs[i]).shape
+    }
+    fn input(&self, i: usize) -> Result<u64, String> {
+        let id = *self
+            .node
+            .inputs
+            .get(i)
+            .ok_or_else(|| format!("missing input {i}"))?;
+        self.addr
+            .addr(id)
+            .ok_or_else(|| format!("input {i} (node {id}) has no device address"))
+    }
+    fn out(&self) -> Result<u64, String> {
+        self.addr
+            .addr(self.node.id)
+            .ok_or_else(|| "output has no device address".to_string())
+    }
+    fn f32_in(&self, i: usize) -> Result<(), String> {
+        let s = self.shape(i);
+        if s.dtype != DType::F32 {
+            return Err(format!("input {i} is {s}; the CUDA kernel takes f32"));
+        }
+        Ok(())
+    }
+    fn push_meta(&mut self, v: &[i32]) -> usize {
+        let at = self.meta.len();
+        self.meta.extend_from_slice(v);
+        at
+    }
+}
+
+/// Lower `node` of `graph`. `addr` gives device addresses; `meta` collects
+/// metadata ints referenced by [`Arg::Meta`].
+pub(crate) fn lower(
+    graph: &Graph,
+    node: &Node,
+    addr: &impl Addr,
+    meta: &mut Vec<i32>,
+) -> Result<Vec<Launch>, String> {
+    let mut cx = Cx {
+        graph,
+        node,
+        addr,
+        meta,
+    };
+    let out_shape = &node.shape;
+    if node.shape.rank() > MAX_RANK {
+        return Err(format!("rank {} > {MAX_RANK}", node.shape.rank()));
+    }
+    let n = out_shape.numel();
+    let esz = out_shape.dtype.size_bytes();
+    match &node.op {
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => Ok(vec![]),
+        Op::MatMul | Op::FusedMatMulBiasAct { .. } => {
+            for i in 0..2 {
+                cx.f32_in(i)?;
+            }
+            let (a, b) = (cx.shape(0).clone(), cx.shape(1).clone());
+            if a.rank() < 2 || b.rank() < 2 {
+                return Err(format!("operands {a} x {b}: rank >= 2 needed"));
+            }
+            let (m, k) = (a.dims[a.rank() - 2], a.dims[a.rank() - 1]);
+            let nn = b.dims[b.rank() - 1];
+            if b.dims[b.rank() - 2] != k {
+                return Err(format!("operands {a} x {b}: inner dims differ"));
+            }
+            let ob = &out_shape.dims[..out_shape.rank() - 2];
+            let mut v = Vec::new();
+            if n > 0 {
+                v.extend(matmul(&cx, &a, &b, ob, m, k, nn)?);
+            }
+            if let Op::FusedMatMulBiasAct { activation } = &node.op {
+                cx.f32_in(2)?;
+                if cx.shape(2).numel() != nn {
+                    return Err(format!("bias {} does not have {nn} elements", cx.shape(2)));
+                }
+                if n > 0 {
+                    v.push(elementwise(
+                        "bias_act",
+                        n,
+                        vec![
+                            Arg::P(cx.out()?),
+                            Arg::P(cx.input(2)?),
+                            Arg::L(n as i64),
+                            Arg::I(int(nn, "N")?),
+                            Arg::I(act_code(*activation)),
+                        ],
+                    ));
+                }
+            }
+            Ok(v)
+        }
+        Op::Activation(act) => {
+            cx.f32_in(0)?;
+            if n == 0 {
+                return Ok(vec![]);
+            }
+            Ok(vec![elementwise(
+                "activation",
+                n,
+                vec![
+                    Arg::P(cx.out()?),
+                    Arg::P(cx.input(0)?),
+                    Arg::L(n as i64),
+                    Arg::I(act_code(Some(*act))),
+                ],
+            )])
+        }
+        Op::Binary(op) => {
+            cx.f32_in(0)?;
+            cx.f32_in(1)?;
+            if n == 0 {
+                return Ok(vec![]);
+            }
+            let (da, db) = (cx.shape(0).dims.clone(), cx.shape(1).dims.clone());
+            let od = out_shape.dims.clone();
+            if da.len() > od.len() || db.len() > od.len() {
+                return Err("operand rank above output rank".into());
+            }
+            let (pa, pb, po) = (cx.input(0)?, cx.input(1)?, cx.out()?);
+            if is_suffix(&da, &od) && is_suffix(&db, &od) {
+                let na: usize = da.iter().product();
+                let nb: usize = db.iter().product();
+                return Ok(vec![elementwise(
+                    "binary_mod",
+                    n,
+                    vec![
+                        Arg::P(po),
+                        Arg::P(pa),
+                        Arg::P(pb),
+                        Arg::L(n as i64),
+                        Arg::L(na.max(1) as i64),
+                        Arg::L(nb.max(1) as i64),
+                        Arg::I(bin_code(*op)),
+                    ],
+                )]);
+            }
+            let mut m = vec![od.len() as i32];
+            for &d in &od {
+                m.push(int(d, "dim")?);
+            }
+            m.extend(bcast_strides(&da, &od));
+            m.extend(bcast_strides(&db, &od));
+            let at = cx.push_meta(&m);
+            Ok(vec![elementwise(
+                "binary_bcast",
+                n,
+                vec![
+                    Arg::P(po),
+                    Arg::P(pa),
+                    Arg::P(pb),
+                    Arg::L(n as i64),
+                    Arg::Meta(at),
+                    Arg::I(bin_code(*op)),
+                ],
+            )])
+        }
+        Op::LayerNorm { axis, eps } | Op::RmsNorm { axis, eps } => {
+            let r = cx.shape(0).rank() as i32;
+            if *axis != -1 && *axis != r - 1 {
+                return Err(format!("axis {axis}: only the last axis is normalized"));
+            }
+            let rms = matches!(node.op, Op::RmsNorm { .. });
+            let ins = node.inputs.len();
+            for i in 0..ins {
+                cx.f32_in(i)?;
+            }
+            let gamma = cx.input(1)?;
+            let beta = if rms { 0 } else { cx.input(2)? };
+            norm(&cx, cx.input(0)?, 0, 0, gamma, beta, *eps, rms)
+        }
+        Op::FusedResidualLN { has_bias, eps } | Op::FusedResidualRmsNorm { has_bias, eps } => {
+            let rms = matches!(node.op, Op::FusedResidualRmsNorm { .. });
+            for i in 0..node.inputs.len() {
+                cx.f32_in(i)?;
+            }
+            let mut i = 2;
+            let bias = if *has_bias {
+                i += 1;
+                cx.input(2)?
+            } else {
+                0
+            };
+            let gamma = cx.input(i)?;
+            let beta = if rms { 0 } else { cx.input(i + 1)? };
+            if cx.shape(1).dims != cx.shape(0).dims {
+                return Err(format!(
+                    "residual {} must match x {}",
+                    cx.shape(1),
+                    cx.shape(0)
+                ));
+            }
+            norm(
+                &cx,
+                cx.input(0)?,
+                cx.input(1)?,
+                bias,
+                gamma,
+                beta,
+                *eps,
+                rms,
+            )
+        }
+        Op::Reshape { .. } => same_or_copy(&cx, 0, n * esz),
+        Op::Cast { to } => {
+            let from = cx.shape(0).dtype;
+            if *to == from {
+                return same_or_copy(&cx, 0, n * esz);
+            }
+            let (Some(f), Some(t)) = (dtype_code(from), dtype_code(*to)) else {
+                return Err(format!("cast {from} -> {to} has no CUDA kernel"));
+            };
+            if n == 0 {
+                return Ok(vec![]);
+            }
+            Ok(vec![elementwise(
+                "cast_kernel",
+                n,
+                vec![
+                    Arg::P(cx.out()?),
+                    Arg::P(cx.input(0)?),
+                    Arg::L(n as i64),
+                    Arg::I(f),
+                    Arg::I(t),
+                ],
+            )])
+        }
+        Op::Expand { shape } => {
+            let src = cx.shape(0).clone();
+            if *shape == src.dims {
+                return same_or_copy(&cx, 0, n * esz);
+            }
+            let mut m = vec![shape.len() as i32];
+            for &d in shape {
+                m.push(int(d, "dim")?);
+            }
+            m.extend(bcast_strides(&src.dims, shape));
+            strided(&mut cx, m, n, esz)
+        }
+        Op::Transpose { perm } => {
+            let src = cx.shape(0).clone();
+            let st = src.strides();
+            let mut m = vec![perm.len() as i32];
+            for &d in &out_shape.dims {
+                m.push(int(d, "dim")?);
+            }
+            for &p in perm {
+                m.push(int(*st.get(p).ok_or("bad permutation")?, "stride")?);
+            }
+            strided(&mut cx, m, n, esz)
+        }
+        Op::Gather { axis } => {
+            if *axis != 0 {
+                return Err(format!("axis {axis}: only axis 0 is defined"));
+            }
+            let table = cx.shape(0).clone();
+            let ids = cx.shape(1).clone();
+            if table.dtype.size_bytes() != 4 {
+                return Err(format!(
+                    "table {table}: the CUDA gather takes 4-byte elements"
+                ));
+            }
+            if !ids.dtype.is_index() {
+                return Err(format!("ids {ids}: expected i32 or i64"));
+            }
+            let vocab = table.dims.first().copied().unwrap_or(0);
+            let row = table.numel().checked_div(vocab).unwrap_or(0);
+            if n == 0 {
+                return Ok(vec![]);
+            }
+            Ok(vec![elementwise(
+                "gather4",
+                n,
+                vec![
+                    Arg::P(cx.out()?),
+                    Arg::P(cx.input(0)?),
+                    Arg::P(cx.input(1)?),
+                    Arg::L(ids.numel() as i64),
+                    Arg::I(int(row, "row")?),
+                    Arg::L(vocab as i64),
+                    Arg::I((ids.dtype == DType::I64) as i32),
+                    Arg::Status,
+                    Arg::I(node.id.0 as i32),
+                ],
+            )])
+        }
+        Op::Narrow { axis, start, len } => {
+            let src = cx.shape(0).clone();
+            let outer: usize = src.dims[..*axis].iter().product();
+            let inner: usize = src.dims[axis + 1..].iter().product::<usize>() * esz;
+            let (po, pi) = (cx.out()?, cx.input(0)?);
+            let off = (start * inner) as u64;
+            if outer == 1 && po == pi + off {
+                return Ok(vec![]);
+            }
+            Ok(copy_rows(
+                po,
+                pi + off,
+                outer,
+                len * inner,
+                len * inner,
+                src.dims[*axis] * inner,
+            ))
+        }
+        Op::Concat { axis } => {
+            let outer: usize = out_shape.dims[..*axis].iter().product();
+            let inner: usize = out_shape.dims[axis + 1..].iter().product::<usize>() * esz;
+            let total = out_shape.dims[*axis] * inner;
+            let po = cx.out()?;
+            let mut v = Vec::new();
+            let mut at = 0usize;
+            for i in 0..node.inputs.len() {
+                let w = cx.shape(i).dims[*axis] * inner;
+                v.extend(copy_rows(po + at as u64, cx.input(i)?, outer, w, total, w));
+                at += w;
+            }
+            Ok(v)
+        }
+        Op::FusedSwiGLU { packed } => {
+            for i in 0..node.inputs.len() {
+                cx.f32_in(i)?;
+            }
+            let cols = out_shape.last_dim();
+            let rows = n.checked_div(cols).unwrap_or(0);
+            if n == 0 {
+                return Ok(vec![]);
+            }
+            let up = if *packed { 0 } else { cx.input(1)? };
+            Ok(vec![elementwise(
+                "swiglu",
+                n,
+                vec![
+                    Arg::P(cx.out()?),
+                    Arg::P(cx.input(0)?),
+                    Arg::P(up),
+                    Arg::L(rows as i64),
+                    Arg::L(cols as i64),
+                    Arg::I(*packed as i32),
+                ],
+            )])
+        }
+        Op::Rope {
+            head_dim,
+            n_rot,
+            theta,
+            style,
+        } => {
+            cx.f32_in(0)?;
+            let x = cx.shape(0).clone();
+            let pos = cx.shape(1).clone();
+            if x.rank() != 3 || *head_dim == 0 || !x.dims[2].is_multiple_of(*head_dim) {
+                return Err(format!("x {x}: expected [B, S, H*{head_dim}]"));
+            }
+            if *n_rot > *head_dim || n_rot % 2 != 0 {
+                return Err(format!(
+                    "n_rot {n_rot} must be even and <= head_dim {head_dim}"
+                ));
+            }
+            if !pos.dtype.is_index() {
+                return Err(format!("positions {pos}: expected i32 or i64"));
+            }
+            let (b, s) = (x.dims[0], x.dims[1]);
+            let pos_b = if pos.dims == [s] {
+                0
+            } else if pos.dims == [b, s] {
+                1
+            } else {
+                return Err(format!("positions {pos}: expected [{s}] or [{b}, {s}]"));
+            };
+            if n == 0 {
+                return Ok(vec![]);
+            }
+            Ok(vec![elementwise(
+                "rope_f32",
+                n,
+                vec![
+                    Arg::P(cx.out()?),
+                    Arg::P(cx.input(0)?),
+                    Arg::P(cx.input(1)?),
+                    Arg::I(int(b, "batch")?),
+                    Arg::I(int(s, "seq")?),
+                    Arg::I(int(x.dims[2] / head_dim, "heads")?),
+                    Arg::I(int(*head_dim, "head_dim")?),
+                    Arg::I(int(*n_rot, "n_rot")?),
+                    Arg::F(*theta),
+                    Arg::I((*style == RopeStyle::GptJ) as i32),
+                    Arg::I((pos.dtype == DType::I64) as i32),
+                    Arg::I(pos_b),
+                ],
+            )])
+        }
+        Op::Attention {
+            num_heads,
+            head_dim,
+            mask_kind,
+            score_scale,
+            attn_logit_softcap,
+        } => attention(
+            &cx,
+            *num_heads,
+            *head_dim,
+            *mask_kind,
+            *score_scale,
+            *attn_logit_softcap,
+        ),
+        Op::Softmax { axis } => {
+            cx.f32_in(0)?;
+            let d = &out_shape.dims;
+            if *axis >= d.len() {
+                return Err(format!("axis {axis} out of range for {out_shape}"));
+            }
+            let outer: usize = d[..*axis].iter().product();
+            let inner: usize = d[axis + 1..].iter().product();
+            if n == 0 {
+                return Ok(vec![]);
+            }
+            let threads = outer * inner;
+            Ok(vec![Launch::Kernel {
+                name: "softmax_f32",
+                grid: [threads.div_ceil(128) as u32, 1, 1],
+                block: 128,
+                args: vec![
+                    Arg::P(cx.out()?),
+                    Arg::P(cx.input(0)?),
+                    Arg::L(outer as i64),
+                    Arg::L(d[*axis] as i64),
+                    Arg::L(inner as i64),
+                ],
+            }])
+        }
+        Op::Reduce { op, axes, .. } => {
+            cx.f32_in(0)?;
+            let src = cx.shape(0).clone();
+            let st = src.strides();
+            let (mut kd, mut ks, mut rd, mut rs) = (vec![], vec![], vec![], vec![]);
+            for (i, &d) in src.dims.iter().enumerate() {
+                if axes.contains(&i) {
+                    rd.push(int(d, "dim")?);
+                    rs.push(int(st[i], "stride")?);
+                } else {
+                    kd.push(int(d, "dim")?);
+                    ks.push(int(st[i], "stride")?);
+                }
+            }
+            if n == 0 {
+                return Ok(vec![]);
+            }
+            let mut m = vec![kd.len() as i32];
+            m.extend(&kd);
+            m.extend(&ks);
+            m.push(rd.len() as i32);
+            m.extend(&rd);
+            m.extend(&rs);
+            let at = cx.push_meta(&m);
+            let code = match op {
+                ReduceOp::Sum => 0,
+                ReduceOp::Mean => 1,
+                ReduceOp::Max => 2,
+                ReduceOp::Min => 3,
+            };
+            Ok(vec![Launch::Kernel {
+                name: "reduce_f32",
+                grid: [n.div_ceil(128) as u32, 1, 1],
+                block: 128,
+                args: vec![
+                    Arg::P(cx.out()?),
+                    Arg::P(cx.input(0)?),
+                    Arg::L(n as i64),
+                    Arg::Meta(at),
+                    Arg::I(code),
+                ],
+            }])
+        }
+        Op::GatedDeltaNet { .. }
+        | Op::Lstm { .. }
+        | Op::DequantMatMul { .. }
+        | Op::CacheWrite { .. } => Err(format!("no CUDA kernel for {}", node.op.name())),
+    }
+}
+
+fn same_or_copy<A: Addr>(
+    cx: &Cx<'_, A>,
+    input: usize,
+    bytes: usize,
+) -> Result<Vec<Launch>, String> {
+    let (po, pi) = (cx.out()?, cx.input(input)?);
+    if po == pi || bytes == 0 {
+        return Ok(vec![]);
+    }
+    Ok(vec![Launch::Copy {
+        dst: po,
+        src: pi,
+        bytes,
+    }])
+}
+
+fn strided<A: Addr>(
+    cx: &mut Cx<'_, A>,
+    m: Vec<i32>,
+    n: usize,
+    esz: usize,
+) -> Result<Vec<Launch>, String> {
+    if n == 0 {
+        return Ok(vec![]);
+    }
+    let name = match esz {
+        1 => "strided_copy1",
+        4 => "strided_copy4",
+        8 => "strided_copy8",
+        _ => return Err(format!("{esz}-byte elements have no strided copy kernel")),
+    };
+    let (po, pi) = (cx.out()?, cx.input(0)?);
+    let at = cx.push_meta(&m);
+    Ok(vec![elementwise(
+        name,
+        n,
+        vec![Arg::P(po), Arg::P(pi), Arg::L(n as i64), Arg::Meta(at)],
+    )])
+}
+
+/// Copy `rows` rows of `cols` bytes with pitches in bytes.
+fn copy_rows(
+    dst: u64,
+    src: u64,
+    rows: usize,
+    cols: usize,
+    dpitch: usize,
+    spitch: usize,
+) -> Vec<Launch> {
+    if rows == 0 || cols == 0 {
+        return vec![];
+    }
+    if rows == 1 || (cols == dpitch && cols == spitch) {
+        return vec![Launch::Copy {
+            dst,
+            src,
+            bytes: rows * cols,
+        }];
+    }
+    let words = [dst, src, cols as u64, dpitch as u64, spitch as u64]
+        .iter()
+        .all(|x| x % 4 == 0);
+    let (name, unit) = if words {
+        ("copy_rows4", 4)
+    } else {
+        ("copy_rows1", 1)
+    };
+    vec![elementwise(
+        name,
+        rows * cols / unit,
+        vec![
+            Arg::P(dst),
+            Arg::P(src),
+            Arg::L(rows as i64),
+            Arg::L((cols / unit) as i64),
+            Arg::L((dpitch / unit) as i64),
+            Arg::L((spitch / unit) as i64),
+        ],
+    )]
+}
+
+#[allow(clippy::too_many_arguments)]
+fn norm<A: Addr>(
+    cx: &Cx<'_, A>,
+    x: u64,
+    res: u64,
+    bias: u64,
+    gamma: u64,
+    beta: u64,
+    eps: f32,
+    rms: bool,
+) -> Result<Vec<Launch>, String> {
+    let s = cx.shape(0);
+    let d = s.last_dim();
+    if s.numel() == 0 || d == 0 {
+        return Ok(vec![]);
+    }
+    let rows = s.numel() / d;
+    let warps = d.div_ceil(128).clamp(1, 32);
+    Ok(vec![Launch::Kernel {
+        name: "norm_rows",
+        grid: [int(rows, "rows")? as u32, 1, 1],
+        block: 32 * warps as u32,
+        args: vec![
+            Arg::P(cx.out()?),
+            Arg::P(x),
+            Arg::P(res),
+            Arg::P(bias),
+            Arg::P(gamma),
+            Arg::P(beta),
+            Arg::I(int(rows, "rows")?),
+            Arg::I(int(d, "width")?),
+            Arg::F(eps),
+            Arg::I(rms as i32),
+        ],
+    }])
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul<A: Addr>(
+    cx: &Cx<'_, A>,
+    a: &Shape,
+    b: &Shape,
+    ob: &[usize],
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<Vec<Launch>, String> {
+    let (pa, pb, pc) = (cx.input(0)?, cx.input(1)?, cx.out()?);
+    let ab = &a.dims[..a.rank() - 2];
+    let bb = &b.dims[..b.rank() - 2];
+    let (an, bn, on): (usize, usize, usize) = (
+        ab.iter().product(),
+        bb.iter().product(),
+        ob.iter().product(),
+    );
+    let (ki, ni) = (int(k, "K")?, int(n, "N")?);
+    int(m, "M")?;
+    if k == 0 {
+        return Ok(vec![Launch::Zero {
+            dst: pc,
+            bytes: on * m * n * 4,
+        }]);
+    }
+    // Row-major C[M,N] = A[M,K] B[K,N] is column-major C^T = B^T A^T.
+    let g = |rows: usize,
+             a_off: u64,
+             b_off: u64,
+             c_off: u64,
+             sa: i64,
+             sb: i64,
+             batch: usize|
+     -> Result<Launch, String> {
+        Ok(Launch::Gemm(Gemm {
+            m: ni,
+            n: int(rows, "M")?,
+            k: ki,
+            a: pb + b_off,
+            lda: ni,
+            sa: sb,
+            b: pa + a_off,
+            ldb: ki,
+            sb: sa,
+            c: pc + c_off,
+            ldc: ni,
+            sc: (m * n) as i64,
+            batch: int(batch, "batch")?,
+        }))
+    };
+    if bn == 1 && an == on {
+        return Ok(vec![g(on * m, 0, 0, 0, 0, 0, 1)?]);
+    }
+    if an == on && bn == on {
+        return Ok(vec![g(m, 0, 0, 0, (m * k) as i64, (k * n) as i64, on)?]);
+    }
+    if an == 1 && bn == on {
+        return Ok(vec![g(m, 0, 0, 0, 0, (k * n) as i64, on)?]);
+    }
+    if on > 4096 {
+        return Err(format!("{on} broadcast batches: too many separate gemms"));
+    }
+    let sa_ = bcast_strides(ab, ob);
+    let sb_ = bcast_strides(bb, ob);
+    let mut v = Vec::with_capacity(on);
+    for idx in 0..on {
+        let (mut r, mut ia, mut ib) = (idx, 0usize, 0usize);
+        for d in (0..ob.len()).rev() {
+            let c = r % ob[d];
+            r /= ob[d];
+            ia += c * sa_[d] as usize;
+            ib += c * sb_[d] as usize;
+        }
+        v.push(g(
+            m,
+            (ia * m * k * 4) as u64,
+            (ib * k * n * 4) as u64,
+            (idx * m * n * 4) as u64,
+            0,
+            0,
+            1,
+        )?);
+    }
+    Ok(v)
+}
+
+fn attention<A: Addr>(
+    cx: &Cx<'_, A>,
+    hq: usize,
+    d: usize,
+    kind: MaskKind,
+    scale: Option<f32>,
+    softcap: Option<f32>,
+) -> Result<Vec<Launch>, String> {
+    for i in 0..3 {
+        cx.f32_in(i)?;
+    }
+    let (q, k) = (cx.shape(0).clone(), cx.shape(1).clone());
+    if q.rank() != 3 || k.rank() != 3 || d == 0 || hq == 0 {
+        return Err(format!("q {q}, k {k}: expected [B, S, H*D]"));
+    }
+    if d > 128 {
+        return Err(format!(
+            "head_dim {d} > 128 is not supported by the CUDA attention kernel"
+        ));
+    }
+    let (b, sq, sk) = (q.dims[0], q.dims[1], k.dims[1]);
+    let hkv = k.dims[2] / d;
+    if q.dims[2] != hq * d || hkv == 0 || k.dims[2] != hkv * d || !hq.is_multiple_of(hkv) {
+        return Err(format!(
+            "q {q}, k {k}: heads {hq} x {d} do not divide into kv heads"
+        ));
+    }
+    let (mut mk, mut window, mut mask, mut bs) = (0, 0usize, 0u64, [0i32; 4]);
+    match kind {
+        MaskKind::None => {}
+        MaskKind::Causal => mk = 1,
+        MaskKind::SlidingWindow(w) => {
+            if w == 0 {
+                return Err("sliding window of 0 keys".into());
+            }
+            mk = 2;
+            window = w;
+        }
+        MaskKind::Custom => {
+            let ms = cx.shape(3).clone();
+            if ms.numel() != b * sk {
+                return Err(format!("keep-mask {ms}: expected [{b}, {sk}]"));
+            }
+            mk = match ms.dtype {
+                DType::F32 => 3,
+                DType::U8 | DType::Bool => 4,
+                _ => return Err(format!("keep-mask {ms}: expected f32 or u8/bool")),
+            };
+            mask = cx.input(3)?;
+        }
+        MaskKind::Bias => {
+            cx.f32_in(3)?;
+            let ms = cx.shape(3).clone();
+            if ms.rank() > 4 {
+                return Err(format!("bias {ms}: rank above 4"));
+            }
+            let full = [b, hq, sq, sk];
+            let p = pad(&ms.dims, 4);
+            if p.iter().zip(&full).any(|(&x, &f)| x != 1 && x != f) {
+                return Err(format!(
+                    "bias dims {:?} do not broadcast to {full:?}",
+                    ms.dims
+                ));
+            }
+            let st = bcast_strides(&p, &full);
+            bs.copy_from_slice(&st);
+            mk = 5;
+            mask = cx.input(3)?;
+        }
+    }
+    if sq == 0 || b == 0 {
+        return Ok(vec![]);
+    }
+    if hq > 65535 || b > 65535 {
+        return Err(format!("grid of {hq} heads x {b} batches is too large"));
+    }
+    let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
+    let (qw, kw) = (hq * d, hkv * d);
+    Ok(vec![Launch::Kernel {
+        name: "attention_f32",
+        grid: [sq.div_ceil(8) as u32, hq as u32, b as u32],
+        block: 128,
+        args: vec![
+            Arg::P(cx.input(0)?),
+            Arg::P(cx.input(1)?),
+            Arg::P(cx.input(2)?),
+            Arg::P(cx.out()?),
+            Arg::I(int(qw, "q width")?),
+            Arg::I(int(kw, "k width")?),
+            Arg::I(int(kw, "v width")?),
+            Arg::I(int(qw, "out width")?),
+            Arg::I(int(sq, "S_q")?),
+            Arg::I(int(sk, "S_k")?),
+            Arg::I(hq as i32),
+            Arg::I(hkv as i32),
+            Arg::I(d as i32),
+            Arg::F(scale),
+            Arg::F(softcap.unwrap_or(0.0)),
+            Arg::I(mk),
+            Arg::I(int(window.min(i32::MAX as usize), "window")?),
+            Arg::P(mask),
+            Arg::I(bs[0]),
+            Arg::I(bs[1]),
+            Arg::I(bs[2]),
+            Arg::I(bs[3]),
+        ],
+    }])
+}
