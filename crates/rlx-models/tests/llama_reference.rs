@@ -82,6 +82,36 @@ fn run_mode(path: &PathBuf, hybrid: bool) {
             .generate_greedy(&case.prompt_ids, case.greedy_ids.len(), None)
             .unwrap();
         assert_eq!(ids, case.greedy_ids, "{what} '{}': greedy ids", case.prompt);
+        // Streaming: `sample` sees the history (prompt, then one more id per
+        // call), the callback sees each id, and eos stops early (included).
+        let mut streamed = Vec::new();
+        let mut calls = 0;
+        let eos = case.greedy_ids[5];
+        let ids = m
+            .generate_stream(
+                &case.prompt_ids,
+                case.greedy_ids.len(),
+                Some(eos),
+                &mut |l, h| {
+                    assert_eq!(h[..case.prompt_ids.len()], case.prompt_ids[..]);
+                    assert_eq!(h.len(), case.prompt_ids.len() + calls);
+                    calls += 1;
+                    argmax(l)
+                },
+                &mut |id| {
+                    streamed.push(id);
+                    true
+                },
+            )
+            .unwrap();
+        let stop = case.greedy_ids.iter().position(|&t| t == eos).unwrap();
+        assert_eq!(
+            ids,
+            case.greedy_ids[..=stop],
+            "{what} '{}': until eos",
+            case.prompt
+        );
+        assert_eq!(streamed, ids);
     }
 }
 

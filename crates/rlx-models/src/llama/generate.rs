@@ -4,7 +4,7 @@ use super::graph::{build_graph, cache_names, Phase};
 use super::{LlamaConfig, LlamaError, LlamaWeights};
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_formats::GgufFile;
-use rlx_ir::Tensor;
+use rlx_ir::{Tensor, TensorData};
 use rlx_runtime::{Executable, TensorRef};
 use std::path::Path;
 
@@ -239,16 +239,26 @@ impl LlamaModel {
         self.logits(out)
     }
 
+    /// The logits from the graph's single output, moved out when the
+    /// tensor is not shared (no copy).
     fn logits(&self, out: Vec<Tensor>) -> Result<Vec<f32>, LlamaError> {
         let vocab = self.config.vocab;
-        match out.first().and_then(|t| t.as_f32()) {
-            Some(v) if v.len() == vocab => Ok(v.to_vec()),
-            _ => Err(LlamaError::BadOutput {
-                found: out
-                    .first()
-                    .map_or("nothing".into(), |t| t.shape.to_string()),
-                vocab,
-            }),
+        let bad = |found: String| LlamaError::BadOutput { found, vocab };
+        let t = out
+            .into_iter()
+            .next()
+            .ok_or_else(|| bad("nothing".into()))?;
+        if t.shape.numel() != vocab {
+            return Err(bad(t.shape.to_string()));
+        }
+        let shape = t.shape.to_string();
+        match std::sync::Arc::try_unwrap(t.data) {
+            Ok(TensorData::F32(v)) if v.len() == vocab => Ok(v),
+            Ok(_) => Err(bad(shape)),
+            Err(shared) => match &*shared {
+                TensorData::F32(v) if v.len() == vocab => Ok(v.clone()),
+                _ => Err(bad(shape)),
+            },
         }
     }
 
@@ -264,6 +274,23 @@ impl LlamaModel {
         eos: Option<u32>,
         sample: &mut dyn FnMut(&[f32]) -> u32,
     ) -> Result<Vec<u32>, LlamaError> {
+        self.generate_stream(prompt_ids, max_new, eos, &mut |l, _| sample(l), &mut |_| {
+            true
+        })
+    }
+
+    /// [`generate`](Self::generate) with the history and a token callback:
+    /// `sample(logits, history)` sees every id so far (prompt then generated,
+    /// e.g. for a repetition penalty), and `on_token(id)` is called as soon
+    /// as each id is picked; returning `false` stops after that token.
+    pub fn generate_stream(
+        &mut self,
+        prompt_ids: &[u32],
+        max_new: usize,
+        eos: Option<u32>,
+        sample: &mut dyn FnMut(&[f32], &[u32]) -> u32,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Vec<u32>, LlamaError> {
         let needed = prompt_ids.len() + max_new.saturating_sub(1);
         if needed > self.ctx_len {
             return Err(LlamaError::ContextOverflow {
@@ -271,16 +298,17 @@ impl LlamaModel {
                 ctx_len: self.ctx_len,
             });
         }
-        let mut out = Vec::with_capacity(max_new);
         if max_new == 0 {
-            return Ok(out);
+            return Ok(Vec::new());
         }
+        let mut history = prompt_ids.to_vec();
         let mut logits = self.prefill(prompt_ids)?;
         loop {
-            let id = sample(&logits);
-            out.push(id);
-            if Some(id) == eos || out.len() == max_new {
-                return Ok(out);
+            let id = sample(&logits, &history);
+            history.push(id);
+            let go_on = on_token(id);
+            if !go_on || Some(id) == eos || history.len() - prompt_ids.len() == max_new {
+                return Ok(history.split_off(prompt_ids.len()));
             }
             logits = self.decode(id)?;
         }
