@@ -13,7 +13,8 @@ use std::path::PathBuf;
 #[derive(Args)]
 pub struct PlanArgs {
     /// `bert6` (the BERT-6 encoder, token outputs), `minilm` (the fetched
-    /// model's full embedding graph) or a BERT model directory.
+    /// model's full embedding graph), `gdn-hybrid` (GatedDeltaNet and
+    /// attention layers 3:1, synthetic dims) or a BERT model directory.
     #[arg(long, default_value = "bert6")]
     model: String,
     /// Batch size.
@@ -108,8 +109,19 @@ fn report_json(r: &PlanReport) -> serde_json::Value {
 
 /// Run `rlx plan`.
 pub fn run(a: PlanArgs) -> Result<(), String> {
-    let (cfg, pooled, _) = resolve_config(&a.model)?;
-    let (g, passes) = graph_for(&cfg, pooled, a.batch, a.seq, !a.no_opt)?;
+    let (g, passes) = if a.model == "gdn-hybrid" {
+        use rlx::models::recurrent::{hybrid_graph, HybridConfig};
+        let g = hybrid_graph(&HybridConfig::small(), a.batch, a.seq).map_err(|e| e.to_string())?;
+        if a.no_opt {
+            (g, None)
+        } else {
+            let (g, r) = rlx::opt::optimize(&g, &Default::default()).map_err(|e| e.to_string())?;
+            (g, Some(r))
+        }
+    } else {
+        let (cfg, pooled, _) = resolve_config(&a.model)?;
+        graph_for(&cfg, pooled, a.batch, a.seq, !a.no_opt)?
+    };
     let model = compile(&g, a.mode == Mode::Hybrid)?;
     let r = model.report();
     let mem = model.memory();
