@@ -7,7 +7,7 @@ use crate::kernels::{self, In};
 use rlx_ir::{DType, Graph, Node, NodeId, Op, Tensor, TensorData};
 use rlx_runtime::hybrid::{build_plan, HybridPlan, PlanReport, SplitPolicy, Step};
 use rlx_runtime::memory::{plan_memory, MemoryPlan, Tick};
-use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef};
+use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef, Thunk, ThunkSchedule};
 use std::collections::{HashMap, HashSet};
 
 /// How to compile a graph for the CPU.
@@ -42,6 +42,7 @@ pub struct ProfileEntry {
 /// One planned graph with its arena.
 struct Core {
     graph: Graph,
+    schedule: ThunkSchedule,
     steps: Vec<Step<FusedPlan>>,
     report: PlanReport,
     mem: MemoryPlan,
@@ -104,6 +105,7 @@ impl Core {
             .sum();
         Ok(Core {
             arena: vec![0u64; mem.arena_bytes.div_ceil(8)],
+            schedule: ThunkSchedule::new(&graph),
             graph,
             steps: plan.steps,
             report: plan.report,
@@ -136,6 +138,7 @@ impl Core {
         }
         let Core {
             graph,
+            schedule,
             steps,
             mem,
             arena,
@@ -160,10 +163,9 @@ impl Core {
         for step in steps.iter_mut() {
             match step {
                 Step::Thunks { start, end } => {
-                    for node in &graph.nodes()[*start..*end] {
-                        if node.op.is_leaf() {
-                            continue;
-                        }
+                    for thunk in &schedule.thunks[*start..*end] {
+                        let Thunk::Op(id) = *thunk else { continue };
+                        let node = graph.node(id);
                         tick += 1;
                         if matches!(node.op, Op::CacheWrite { .. }) {
                             cache_write(graph, node, &regions, arena, params)?;

@@ -3,6 +3,7 @@
 //! - [`hybrid`]: the schedule splitter, sub-graph extraction, the
 //!   [`SegmentCompiler`](hybrid::SegmentCompiler) trait and the plan builder.
 //! - [`memory`]: the step-aware arena planner (DESIGN.md invariant 2).
+//! - [`ThunkSchedule`]: one thunk per node, which thunk ranges index.
 //! - [`Executable`]: the interface of a compiled model, and its errors.
 //!
 //! Backends (rlx-cpu, rlx-cuda) implement the traits and own their executors.
@@ -11,6 +12,8 @@ mod error;
 mod exec;
 pub mod hybrid;
 pub mod memory;
+mod schedule;
 
 pub use error::RuntimeError;
 pub use exec::{Executable, MemoryStats, TensorRef};
+pub use schedule::{Thunk, ThunkSchedule};
