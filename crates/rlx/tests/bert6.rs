@@ -140,3 +140,31 @@ fn bert6_batched_with_padding_hybrid_equals_thunks() {
         assert_close(&got[0], &want[0], 1e-5, &format!("{mode:?} vs reference"));
     }
 }
+
+#[test]
+fn optimizer_fuses_the_bert_graph() {
+    let cfg = BertConfig::minilm_l6();
+    let g = build_graph(&cfg, 1, 16, BertOutputs { pooled: true, tokens: false }).unwrap();
+    let (opt, report) = rlx::opt::optimize(&g, &Default::default()).unwrap();
+    let count = |name: &str| opt.nodes().iter().filter(|n| n.op.name() == name).count();
+    let gelu = opt
+        .nodes()
+        .iter()
+        .filter(|n| {
+            matches!(n.op, rlx::ir::Op::FusedMatMulBiasAct { activation: Some(rlx::ir::op::Activation::Gelu) })
+        })
+        .count();
+    // Per layer: QKV (one merged matmul), out-proj, FFN up (+GELU), FFN down.
+    assert_eq!(count("FusedMatMulBiasAct"), 6 * 4);
+    assert_eq!(gelu, 6);
+    assert_eq!(count("MatMul"), 0, "every linear layer has a bias");
+    // Two residual norms per layer plus the embeddings' add + LayerNorm.
+    assert_eq!(count("FusedResidualLN"), 6 * 2 + 1);
+    assert_eq!(count("LayerNorm"), 0);
+    assert_eq!(report.count("fuse_qkv", "qkv"), 6);
+    // Same numbers as the unoptimized graph under the reference.
+    let b = bindings(&cfg, 1, 16, &[16]);
+    let want = reference(&g, &b);
+    let got = reference(&opt, &b);
+    assert_close(&got[0], &want[0], 1e-5, "optimized vs plain BERT");
+}
