@@ -181,6 +181,8 @@ simd_dispatch! {
         for (r, row) in scores.chunks_exact_mut(nk).enumerate() {
             let i = i0 + r;
             let (lo, hi) = key_range(p.mask_kind, i, sq, sk);
+            // The block may cover fewer keys (trailing masked keys dropped).
+            let hi = hi.min(klo + nk);
             if lo >= hi {
                 row.fill(0.0);
                 continue;
@@ -261,7 +263,16 @@ fn attend_block(
     let group = p.num_heads / p.num_kv_heads;
     // Keys visible to any row of the block (ranges grow with i).
     let klo = key_range(p.mask_kind, i0, sq, sk).0;
-    let khi = key_range(p.mask_kind, i0 + rows - 1, sq, sk).1;
+    let mut khi = key_range(p.mask_kind, i0 + rows - 1, sq, sk).1;
+    // Keys past the last kept one contribute nothing: a decode step over a
+    // preallocated KV cache then costs the valid length, not the capacity.
+    let last_kept =
+        |keep: &dyn Fn(usize) -> bool| (klo..khi).rev().find(|&j| keep(j)).map_or(klo, |j| j + 1);
+    match *mask {
+        AttnMask::KeepF32(m) => khi = last_kept(&|j| m[b * sk + j] != 0.0),
+        AttnMask::KeepU8(m) => khi = last_kept(&|j| m[b * sk + j] != 0),
+        _ => {}
+    }
     if klo >= khi {
         for r in 0..rows {
             for h in 0..p.num_heads {
