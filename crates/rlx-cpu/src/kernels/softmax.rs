@@ -6,42 +6,29 @@ use super::{bad_shape, exact_len, par_rows, KernelError};
 /// `out[i] = e^(x[i] - m)`; returns the sum of `out` (8 accumulators).
 #[inline(always)]
 pub(crate) fn exp_sub_sum<M: simd::Fma>(x: &[f32], m: f32, out: &mut [f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
     let n = x.len().min(out.len());
-    let (x, out) = (&x[..n], &mut out[..n]);
-    let mut xc = x.chunks_exact(8);
-    let mut oc = out.chunks_exact_mut(8);
-    for (xs, os) in (&mut xc).zip(&mut oc) {
-        for i in 0..8 {
-            let e = simd::exp_m::<M>(xs[i] - m);
-            os[i] = e;
-            acc[i] += e;
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (o, &v) in oc.into_remainder().iter_mut().zip(xc.remainder()) {
-        let e = simd::exp_m::<M>(v - m);
-        *o = e;
-        s += e;
-    }
-    s
+    let out = &mut out[..n];
+    out.copy_from_slice(&x[..n]);
+    exp_sub_sum_inplace::<M>(out, m)
 }
 
 /// `x[i] = e^(x[i] - m)`, returning the sum (8 accumulators).
 #[inline(always)]
 pub(crate) fn exp_sub_sum_inplace<M: simd::Fma>(x: &mut [f32], m: f32) -> f32 {
+    // Two passes: a plain map vectorizes (an exp fused with an 8-lane
+    // accumulator did not, and ran scalar), then a lane-wise sum.
+    for v in x.iter_mut() {
+        *v = simd::exp_m::<M>(*v - m);
+    }
     let mut acc = [0.0f32; 8];
-    let mut chunks = x.chunks_exact_mut(8);
+    let mut chunks = x.chunks_exact(8);
     for c in &mut chunks {
         for i in 0..8 {
-            let e = simd::exp_m::<M>(c[i] - m);
-            c[i] = e;
-            acc[i] += e;
+            acc[i] += c[i];
         }
     }
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for v in chunks.into_remainder() {
-        *v = simd::exp_m::<M>(*v - m);
+    for v in chunks.remainder() {
         s += *v;
     }
     s
