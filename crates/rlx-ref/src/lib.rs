@@ -320,9 +320,8 @@ fn eval_node(
             bidirectional,
             carry,
         } => seq::lstm(ins, *hidden_size, *num_layers, *bidirectional, *carry),
-        Op::DequantMatMul { scheme } => {
-            dequant::dequant_matmul(ins[0], ins[1], *scheme, out).map_err(|r| unsupported(node, r))?
-        }
+        Op::DequantMatMul { scheme } => dequant::dequant_matmul(ins[0], ins[1], *scheme, out)
+            .map_err(|r| unsupported(node, r))?,
         Op::CacheWrite { .. } => {
             let pos = ins[2].ints()[0];
             let (cache, rows) = (ins[0], ins[1]);

@@ -144,14 +144,28 @@ fn bert6_batched_with_padding_hybrid_equals_thunks() {
 #[test]
 fn optimizer_fuses_the_bert_graph() {
     let cfg = BertConfig::minilm_l6();
-    let g = build_graph(&cfg, 1, 16, BertOutputs { pooled: true, tokens: false }).unwrap();
+    let g = build_graph(
+        &cfg,
+        1,
+        16,
+        BertOutputs {
+            pooled: true,
+            tokens: false,
+        },
+    )
+    .unwrap();
     let (opt, report) = rlx::opt::optimize(&g, &Default::default()).unwrap();
     let count = |name: &str| opt.nodes().iter().filter(|n| n.op.name() == name).count();
     let gelu = opt
         .nodes()
         .iter()
         .filter(|n| {
-            matches!(n.op, rlx::ir::Op::FusedMatMulBiasAct { activation: Some(rlx::ir::op::Activation::Gelu) })
+            matches!(
+                n.op,
+                rlx::ir::Op::FusedMatMulBiasAct {
+                    activation: Some(rlx::ir::op::Activation::Gelu)
+                }
+            )
         })
         .count();
     // Per layer: QKV (one merged matmul), out-proj, FFN up (+GELU), FFN down.
