@@ -35,6 +35,16 @@ pub fn cuda_available() -> Result<usize, String> {
     Ok(n as usize)
 }
 
+/// Serializes stream capture against calls that synchronize the device
+/// (allocation, free, handle creation): such a call from another thread
+/// would invalidate a capture in progress.
+static DEVICE_LOCK: Mutex<()> = Mutex::new(());
+
+/// Take [`DEVICE_LOCK`] (a poisoned lock is still a lock).
+pub(crate) fn device_lock() -> std::sync::MutexGuard<'static, ()> {
+    DEVICE_LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// PTX images by compute capability.
 type PtxCache = Mutex<HashMap<(i32, i32), Arc<CString>>>;
 
@@ -57,18 +67,75 @@ fn ptx_for(cc: (i32, i32)) -> Result<Arc<CString>, String> {
     Ok(c)
 }
 
+/// The kernels of one device, loaded once per process (with the context
+/// they belong to, which the cache keeps alive).
+struct Loaded {
+    ctx: Arc<CudaContext>,
+    funcs: HashMap<&'static str, FuncHandle>,
+}
+
+/// A loaded kernel.
+#[derive(Clone, Copy)]
+struct FuncHandle(drv_sys::CUfunction);
+
+// SAFETY: a CUfunction is an immutable handle into a module that is never
+// unloaded (the cache lives for the whole process); launching it from any
+// thread with its context bound is allowed by the driver API.
+unsafe impl Send for FuncHandle {}
+// SAFETY: as above.
+unsafe impl Sync for FuncHandle {}
+
+/// Contexts and modules per device ordinal.
+type ModuleCache = Mutex<HashMap<usize, Arc<Loaded>>>;
+
+fn loaded(ordinal: usize) -> Result<Arc<Loaded>, String> {
+    static CACHE: OnceLock<ModuleCache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut guard = cache
+        .lock()
+        .map_err(|_| "module cache poisoned".to_string())?;
+    if let Some(l) = guard.get(&ordinal) {
+        return Ok(l.clone());
+    }
+    let _lock = device_lock();
+    let ctx = CudaContext::new(ordinal).map_err(|e| derr("context", e))?;
+    // SAFETY: this backend addresses memory by raw pointers on one stream and
+    // orders all work on it; cudarc's per-slice events are not needed, and
+    // they would break stream capture.
+    unsafe { ctx.disable_event_tracking() };
+    let cc = ctx
+        .compute_capability()
+        .map_err(|e| derr("compute capability", e))?;
+    let ptx = ptx_for(cc)?;
+    ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
+    // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call. The
+    // module is never unloaded: the cache keeps it for the process.
+    let module = unsafe { drv::module::load_data(ptx.as_ptr() as *const c_void) }
+        .map_err(|e| derr("load module", e))?;
+    let mut funcs = HashMap::new();
+    for &name in KERNELS {
+        let cname = CString::new(name).map_err(|_| "kernel name".to_string())?;
+        // SAFETY: `module` was just loaded and is valid.
+        let f = unsafe { drv::module::get_function(module, cname) }
+            .map_err(|e| derr(&format!("kernel {name}"), e))?;
+        funcs.insert(name, FuncHandle(f));
+    }
+    let l = Arc::new(Loaded { ctx, funcs });
+    guard.insert(ordinal, l.clone());
+    Ok(l)
+}
+
 /// One device's execution resources for one model.
 pub(crate) struct Gpu {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) blas: blas_sys::cublasHandle_t,
-    module: drv_sys::CUmodule,
-    funcs: HashMap<&'static str, drv_sys::CUfunction>,
+    kernels: Arc<Loaded>,
     _workspace: DeviceBuffer,
 }
 
-// SAFETY: the raw handles (cuBLAS handle, module, functions) are only used
-// through `&mut CudaModel`, one thread at a time, after binding the context.
+// SAFETY: the cuBLAS handle is only used through `&mut CudaModel`, one
+// thread at a time, after binding the context.
 unsafe impl Send for Gpu {}
 
 /// Bytes of cuBLAS workspace (fixed so that gemms can be captured into graphs).
@@ -79,36 +146,20 @@ fn derr(what: &str, e: impl std::fmt::Debug) -> String {
 }
 
 impl Gpu {
-    /// Open `ordinal`, load the kernels, create a stream and a cuBLAS handle.
+    /// Open `ordinal`, load the kernels (once per process), create a stream
+    /// and a cuBLAS handle.
     pub(crate) fn new(ordinal: usize) -> Result<Gpu, String> {
         let count = cuda_available()?;
         if ordinal >= count {
             return Err(format!("cuda:{ordinal}: only {count} device(s)"));
         }
-        let ctx = CudaContext::new(ordinal).map_err(|e| derr("context", e))?;
-        // SAFETY: this backend addresses memory by raw pointers on one stream and
-        // orders all work on it; cudarc's per-slice events are not needed, and
-        // they would break stream capture.
-        unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().map_err(|e| derr("stream", e))?;
-        let cc = ctx
-            .compute_capability()
-            .map_err(|e| derr("compute capability", e))?;
-        let ptx = ptx_for(cc)?;
-        ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
-        // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call.
-        let module = unsafe { drv::module::load_data(ptx.as_ptr() as *const c_void) }
-            .map_err(|e| derr("load module", e))?;
-        let mut funcs = HashMap::new();
-        for &name in KERNELS {
-            let cname = CString::new(name).map_err(|_| "kernel name".to_string())?;
-            // SAFETY: `module` was just loaded and is valid.
-            let f = unsafe { drv::module::get_function(module, cname) }
-                .map_err(|e| derr(&format!("kernel {name}"), e))?;
-            funcs.insert(name, f);
-        }
-        let handle = blas::create_handle().map_err(|e| derr("cublas handle", e))?;
+        let kernels = loaded(ordinal)?;
+        let ctx = kernels.ctx.clone();
+        // Allocate before taking the lock: `DeviceBuffer::new` takes it too.
         let workspace = DeviceBuffer::new(&ctx, WORKSPACE)?;
+        let _lock = device_lock();
+        let stream = ctx.new_stream().map_err(|e| derr("stream", e))?;
+        let handle = blas::create_handle().map_err(|e| derr("cublas handle", e))?;
         // SAFETY: handle, stream and workspace are valid; the workspace lives as long as the handle.
         unsafe {
             blas::set_stream(handle, stream.cu_stream() as blas_sys::cudaStream_t)
@@ -121,17 +172,17 @@ impl Gpu {
             ctx,
             stream,
             blas: handle,
-            module,
-            funcs,
+            kernels,
             _workspace: workspace,
         })
     }
 
     /// The loaded kernel `name`.
     pub(crate) fn func(&self, name: &str) -> Result<drv_sys::CUfunction, String> {
-        self.funcs
+        self.kernels
+            .funcs
             .get(name)
-            .copied()
+            .map(|f| f.0)
             .ok_or_else(|| format!("cuda: kernel {name} is not in the module"))
     }
 
@@ -151,10 +202,11 @@ impl Gpu {
 impl Drop for Gpu {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
-        // SAFETY: the handle and module were created by `new` and are dropped once.
+        let _ = self.stream.synchronize();
+        let _lock = device_lock();
+        // SAFETY: the handle was created by `new` and is destroyed once.
         unsafe {
             let _ = blas::destroy_handle(self.blas);
-            let _ = drv::module::unload(self.module);
         }
     }
 }
@@ -171,6 +223,7 @@ impl DeviceBuffer {
     pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuffer, String> {
         ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
         let n = bytes.max(256);
+        let _lock = device_lock();
         // SAFETY: a plain allocation of `n` bytes in the bound context.
         let ptr =
             unsafe { drv::malloc_sync(n) }.map_err(|e| derr(&format!("alloc {n} bytes"), e))?;
@@ -194,6 +247,7 @@ impl DeviceBuffer {
             return Ok(());
         }
         self.ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
+        let _lock = device_lock();
         // SAFETY: the destination holds at least `data.len()` bytes (checked above).
         unsafe { drv::memcpy_htod_sync(self.ptr, data) }.map_err(|e| derr("upload", e))
     }
@@ -202,6 +256,7 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
+        let _lock = device_lock();
         // SAFETY: `ptr` came from `malloc_sync` and is freed once; the context
         // synchronizes before freeing device memory that work may still use.
         unsafe {
@@ -224,6 +279,7 @@ impl Pinned {
     pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Pinned, String> {
         ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
         let n = bytes.max(64);
+        let _lock = device_lock();
         // SAFETY: allocates `n` bytes of page-locked host memory.
         let ptr =
             unsafe { drv::malloc_host(n, 0) }.map_err(|e| derr("pinned alloc", e))? as *mut u8;
@@ -248,6 +304,7 @@ impl Pinned {
 impl Drop for Pinned {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
+        let _lock = device_lock();
         // SAFETY: `ptr` came from `malloc_host` and is freed once.
         unsafe {
             let _ = drv::free_host(self.ptr as *mut c_void);
@@ -274,6 +331,7 @@ impl Graph {
         issue: impl FnOnce() -> Result<(), String>,
     ) -> Result<Graph, String> {
         gpu.bind()?;
+        let _lock = device_lock();
         let s = gpu.stream.cu_stream();
         // SAFETY: the stream is valid and idle (callers synchronize first).
         unsafe {

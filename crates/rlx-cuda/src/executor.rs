@@ -118,6 +118,7 @@ struct Ready {
 
 enum Work {
     Kernel {
+        name: &'static str,
         f: drv_sys::CUfunction,
         grid: [u32; 3],
         block: u32,
@@ -135,6 +136,18 @@ enum Work {
     },
 }
 
+impl Work {
+    /// A short label for profiles.
+    fn kind(&self) -> &'static str {
+        match self {
+            Work::Kernel { name, .. } => name,
+            Work::Gemm(_) => "gemm",
+            Work::Copy { .. } => "copy",
+            Work::Zero { .. } => "memset",
+        }
+    }
+}
+
 // SAFETY: `CUfunction` handles are plain identifiers of loaded kernels; they
 // are used only through `&mut CudaModel`.
 unsafe impl Send for Ready {}
@@ -148,6 +161,7 @@ impl Ready {
                 grid,
                 block,
                 args,
+                ..
             } => {
                 let mut ptrs: Vec<*mut c_void> = args
                     .iter()
@@ -167,6 +181,29 @@ impl Ready {
                     )
                 }
                 .map_err(|e| format!("launch: {e:?}"))
+            }
+            Work::Gemm(g) if g.batch == 1 => {
+                let (alpha, beta) = (1.0f32, 0.0f32);
+                // SAFETY: as for the batched call below, with one matrix.
+                unsafe {
+                    blas::sgemm(
+                        gpu.blas,
+                        blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                        blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                        g.m,
+                        g.n,
+                        g.k,
+                        &alpha,
+                        g.a as *const f32,
+                        g.lda,
+                        g.b as *const f32,
+                        g.ldb,
+                        &beta,
+                        g.c as *mut f32,
+                        g.ldc,
+                    )
+                }
+                .map_err(|e| format!("cublasSgemm: {e:?}"))
             }
             Work::Gemm(g) => {
                 let (alpha, beta) = (1.0f32, 0.0f32);
@@ -433,6 +470,8 @@ pub struct CudaModel {
     out_offsets: Vec<Option<usize>>,
     /// Byte offset of each input (by position in `inputs`) in `in_stage`.
     in_offsets: Vec<usize>,
+    /// With `RLX_CUDA_PROFILE` set: per (op, work) synchronized time in ms and count.
+    profile: Option<HashMap<String, (f64, usize)>>,
     gpu: Gpu,
 }
 
@@ -539,6 +578,7 @@ impl CudaModel {
             out_stage,
             out_offsets,
             in_offsets: in_offs.into_iter().map(|o| o.unwrap_or(0)).collect(),
+            profile: std::env::var_os("RLX_CUDA_PROFILE").map(|_| HashMap::new()),
             gpu,
         })
     }
@@ -679,6 +719,7 @@ impl CudaModel {
                 block,
                 args,
             } => Work::Kernel {
+                name,
                 f: self.gpu.func(name).map_err(rt)?,
                 grid,
                 block,
@@ -825,8 +866,19 @@ impl CudaModel {
             match step {
                 ExecStep::Launches(v) => {
                     for r in v {
+                        let t = self.profile.as_ref().map(|_| {
+                            let _ = self.gpu.sync();
+                            std::time::Instant::now()
+                        });
                         r.issue(&self.gpu)
                             .map_err(|e| kernel_err(graph, r.node, e))?;
+                        if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
+                            self.gpu.sync().map_err(rt)?;
+                            let key = format!("{} {}", graph.node(r.node).op.name(), r.work.kind());
+                            let e = p.entry(key).or_default();
+                            e.0 += t.elapsed().as_secs_f64() * 1e3;
+                            e.1 += 1;
+                        }
                     }
                 }
                 ExecStep::Graph(g) => g.launch(&self.gpu).map_err(rt)?,
@@ -896,6 +948,23 @@ impl CudaModel {
                 }
             })
             .collect()
+    }
+}
+
+impl Drop for CudaModel {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            let mut v: Vec<_> = p.iter().collect();
+            v.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+            let total: f64 = v.iter().map(|e| e.1 .0).sum();
+            eprintln!("rlx-cuda profile (synchronized per launch, all runs): total {total:.3} ms");
+            for (k, (ms, n)) in v {
+                eprintln!(
+                    "{k:<40} {n:>6} {ms:>10.3} ms {:>5.1}%",
+                    100.0 * ms / total.max(1e-9)
+                );
+            }
+        }
     }
 }
 

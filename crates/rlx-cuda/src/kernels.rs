@@ -24,7 +24,9 @@ pub const KERNELS: &[&str] = &[
     "cast_kernel",
     "swiglu",
     "rope_f32",
-    "attention_f32",
+    "attention_d32",
+    "attention_d64",
+    "attention_d128",
 ];
 
 /// The CUDA C source.
@@ -86,6 +88,95 @@ __device__ float block_sum(float v, float* sh) {
     float t = lane < nw ? sh[lane] : 0.0f;
     return warp_sum(t);
 }
+
+template <int DPL>
+__device__ __forceinline__ void attention_body(
+    const float* q, const float* k, const float* v, float* out,
+    int qs, int ks, int vs, int os, int Sq, int Sk, int Hq, int Hkv, int D,
+    float scale, float softcap, int mkind, int window, const void* mask,
+    int b0, int b1, int b2, int b3) {
+    __shared__ float Ks[32][32 * DPL + 1];
+    __shared__ float Vs[32][32 * DPL];
+    __shared__ float Qs[4][2][32 * DPL];
+    int b = blockIdx.z, h = blockIdx.y, hk = h / (Hq / Hkv);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int qbase = blockIdx.x * 8;
+    for (int r = 0; r < 2; ++r) {
+        int i = qbase + warp * 2 + r;
+        for (int d = lane; d < D; d += 32)
+            Qs[warp][r][d] = i < Sq ? q[((long long)b * Sq + i) * qs + h * D + d] : 0.0f;
+    }
+    float m[2], l[2], acc[2][DPL];
+    for (int r = 0; r < 2; ++r) {
+        m[r] = NEG_INF; l[r] = 0.0f;
+        #pragma unroll
+        for (int c = 0; c < DPL; ++c) acc[r][c] = 0.0f;
+    }
+    int off = Sk - Sq;
+    int kend = Sk, kbeg = 0;
+    if (mkind == 1 || mkind == 2) {
+        int last = qbase + 7 < Sq - 1 ? qbase + 7 : Sq - 1;
+        kend = min(Sk, last + off + 1);
+        if (kend < 0) kend = 0;
+    }
+    if (mkind == 2) {
+        kbeg = qbase + off - window + 1;
+        if (kbeg < 0) kbeg = 0;
+    }
+    for (int t0 = kbeg; t0 < kend; t0 += 32) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < 32 * 32 * DPL; idx += blockDim.x) {
+            int j = idx / (32 * DPL), d = idx - j * (32 * DPL), key = t0 + j;
+            bool ok = key < Sk && d < D;
+            if (d < D) Ks[j][d] = ok ? k[((long long)b * Sk + key) * ks + hk * D + d] : 0.0f;
+            Vs[j][d] = ok ? v[((long long)b * Sk + key) * vs + hk * D + d] : 0.0f;
+        }
+        __syncthreads();
+        int key = t0 + lane;
+        for (int r = 0; r < 2; ++r) {
+            int i = qbase + warp * 2 + r;
+            if (i >= Sq) continue;
+            bool vis = key < kend;
+            if (mkind == 1) vis = vis && key <= i + off;
+            if (mkind == 2) vis = vis && key <= i + off && key > i + off - window;
+            float s = NEG_INF;
+            if (vis) {
+                float dot = 0.0f;
+                for (int d = 0; d < D; ++d) dot += Qs[warp][r][d] * Ks[lane][d];
+                s = dot * scale;
+                if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+                if (mkind == 3 && ((const float*)mask)[(long long)b * Sk + key] == 0.0f) s = NEG_INF;
+                if (mkind == 4 && ((const unsigned char*)mask)[(long long)b * Sk + key] == 0) s = NEG_INF;
+                if (mkind == 5) s += ((const float*)mask)[(long long)b * b0 + (long long)h * b1 + (long long)i * b2 + (long long)key * b3];
+            }
+            float mnew = fmaxf(m[r], warp_max(s));
+            if (mnew == NEG_INF) continue;
+            float p = (s == NEG_INF) ? 0.0f : expf(s - mnew);
+            float corr = (m[r] == NEG_INF) ? 0.0f : expf(m[r] - mnew);
+            l[r] = l[r] * corr + warp_sum(p);
+            #pragma unroll
+            for (int c = 0; c < DPL; ++c) acc[r][c] *= corr;
+            #pragma unroll 8
+            for (int j = 0; j < 32; ++j) {
+                float pj = __shfl_sync(0xffffffffu, p, j);
+                #pragma unroll
+                for (int c = 0; c < DPL; ++c) acc[r][c] += pj * Vs[j][lane + 32 * c];
+            }
+            m[r] = mnew;
+        }
+    }
+    for (int r = 0; r < 2; ++r) {
+        int i = qbase + warp * 2 + r;
+        if (i >= Sq) continue;
+        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        #pragma unroll
+        for (int c = 0; c < DPL; ++c) {
+            int d = lane + 32 * c;
+            if (d < D) out[((long long)b * Sq + i) * os + h * D + d] = acc[r][c] * inv;
+        }
+    }
+}
+
 
 extern "C" {
 
@@ -394,94 +485,20 @@ __global__ void rope_f32(float* out, const float* x, const void* pos, int batch,
 }
 
 // Fused attention with online softmax. grid (ceil(Sq / 8), Hq, B), 128 threads:
-// 4 warps x 2 query rows; keys in tiles of 32 (one per lane). head_dim <= 128.
+// 4 warps x 2 query rows; keys in tiles of 32 (one per lane). head_dim <= 32 * DPL <= 128.
 // mkind: 0 none, 1 causal, 2 sliding window, 3 keep-mask f32, 4 keep-mask u8, 5 bias.
-__global__ void __launch_bounds__(128) attention_f32(
-    const float* q, const float* k, const float* v, float* out,
-    int qs, int ks, int vs, int os, int Sq, int Sk, int Hq, int Hkv, int D,
-    float scale, float softcap, int mkind, int window, const void* mask,
-    int b0, int b1, int b2, int b3) {
-    __shared__ float Ks[32][129];
-    __shared__ float Vs[32][128];
-    __shared__ float Qs[4][2][128];
-    int b = blockIdx.z, h = blockIdx.y, hk = h / (Hq / Hkv);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int qbase = blockIdx.x * 8;
-    for (int r = 0; r < 2; ++r) {
-        int i = qbase + warp * 2 + r;
-        for (int d = lane; d < D; d += 32)
-            Qs[warp][r][d] = i < Sq ? q[((long long)b * Sq + i) * qs + h * D + d] : 0.0f;
-    }
-    float m[2], l[2], acc[2][4];
-    for (int r = 0; r < 2; ++r) {
-        m[r] = NEG_INF; l[r] = 0.0f;
-        for (int c = 0; c < 4; ++c) acc[r][c] = 0.0f;
-    }
-    int off = Sk - Sq;
-    int kend = Sk, kbeg = 0;
-    if (mkind == 1 || mkind == 2) {
-        int last = qbase + 7 < Sq - 1 ? qbase + 7 : Sq - 1;
-        kend = min(Sk, last + off + 1);
-        if (kend < 0) kend = 0;
-    }
-    if (mkind == 2) {
-        kbeg = qbase + off - window + 1;
-        if (kbeg < 0) kbeg = 0;
-    }
-    for (int t0 = kbeg; t0 < kend; t0 += 32) {
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < 32 * D; idx += blockDim.x) {
-            int j = idx / D, d = idx - j * D, key = t0 + j;
-            bool ok = key < Sk;
-            Ks[j][d] = ok ? k[((long long)b * Sk + key) * ks + hk * D + d] : 0.0f;
-            Vs[j][d] = ok ? v[((long long)b * Sk + key) * vs + hk * D + d] : 0.0f;
-        }
-        __syncthreads();
-        int key = t0 + lane;
-        for (int r = 0; r < 2; ++r) {
-            int i = qbase + warp * 2 + r;
-            if (i >= Sq) continue;
-            bool vis = key < kend;
-            if (mkind == 1) vis = vis && key <= i + off;
-            if (mkind == 2) vis = vis && key <= i + off && key > i + off - window;
-            float s = NEG_INF;
-            if (vis) {
-                float dot = 0.0f;
-                for (int d = 0; d < D; ++d) dot += Qs[warp][r][d] * Ks[lane][d];
-                s = dot * scale;
-                if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
-                if (mkind == 3 && ((const float*)mask)[(long long)b * Sk + key] == 0.0f) s = NEG_INF;
-                if (mkind == 4 && ((const unsigned char*)mask)[(long long)b * Sk + key] == 0) s = NEG_INF;
-                if (mkind == 5) s += ((const float*)mask)[(long long)b * b0 + (long long)h * b1 + (long long)i * b2 + (long long)key * b3];
-            }
-            float mnew = fmaxf(m[r], warp_max(s));
-            if (mnew == NEG_INF) continue;
-            float p = (s == NEG_INF) ? 0.0f : expf(s - mnew);
-            float corr = (m[r] == NEG_INF) ? 0.0f : expf(m[r] - mnew);
-            l[r] = l[r] * corr + warp_sum(p);
-            for (int c = 0; c < 4; ++c) acc[r][c] *= corr;
-            for (int j = 0; j < 32; ++j) {
-                float pj = __shfl_sync(0xffffffffu, p, j);
-                if (pj != 0.0f) {
-                    for (int c = 0; c < 4; ++c) {
-                        int d = lane + 32 * c;
-                        if (d < D) acc[r][c] += pj * Vs[j][d];
-                    }
-                }
-            }
-            m[r] = mnew;
-        }
-    }
-    for (int r = 0; r < 2; ++r) {
-        int i = qbase + warp * 2 + r;
-        if (i >= Sq) continue;
-        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        for (int c = 0; c < 4; ++c) {
-            int d = lane + 32 * c;
-            if (d < D) out[((long long)b * Sq + i) * os + h * D + d] = acc[r][c] * inv;
-        }
-    }
+#define ATTN_KERNEL(NAME, DPL)                                                           \
+__global__ void __launch_bounds__(128) NAME(                                            \
+    const float* q, const float* k, const float* v, float* out,                         \
+    int qs, int ks, int vs, int os, int Sq, int Sk, int Hq, int Hkv, int D,             \
+    float scale, float softcap, int mkind, int window, const void* mask,                \
+    int b0, int b1, int b2, int b3) {                                                   \
+    attention_body<DPL>(q, k, v, out, qs, ks, vs, os, Sq, Sk, Hq, Hkv, D, scale,        \
+                        softcap, mkind, window, mask, b0, b1, b2, b3);                  \
 }
+ATTN_KERNEL(attention_d32, 1)
+ATTN_KERNEL(attention_d64, 2)
+ATTN_KERNEL(attention_d128, 4)
 
 } // extern "C"
 "#;

@@ -950,7 +950,13 @@ fn attention<A: Addr>(
     let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
     let (qw, kw) = (hq * d, hkv * d);
     Ok(vec![Launch::Kernel {
-        name: "attention_f32",
+        name: if d <= 32 {
+            "attention_d32"
+        } else if d <= 64 {
+            "attention_d64"
+        } else {
+            "attention_d128"
+        },
         grid: [sq.div_ceil(8) as u32, hq as u32, b as u32],
         block: 128,
         args: vec![
