@@ -53,6 +53,9 @@ pub enum ModelError {
     Runtime(#[from] RuntimeError),
 }
 
+/// One vector per input text.
+pub type Embeddings = Vec<Vec<f32>>;
+
 /// How the embedder runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EmbedOptions {
@@ -240,7 +243,7 @@ impl SentenceEmbedder {
     pub fn embed_with_tokens(
         &mut self,
         texts: &[&str],
-    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>), ModelError> {
+    ) -> Result<(Embeddings, Embeddings), ModelError> {
         let (e, t) = self.embed_batch(texts, true)?;
         Ok((e, t.unwrap_or_default()))
     }
@@ -249,7 +252,7 @@ impl SentenceEmbedder {
         &mut self,
         texts: &[&str],
         tokens: bool,
-    ) -> Result<(Vec<Vec<f32>>, Option<Vec<Vec<f32>>>), ModelError> {
+    ) -> Result<(Embeddings, Option<Embeddings>), ModelError> {
         if texts.is_empty() {
             return Ok((vec![], tokens.then(Vec::new)));
         }

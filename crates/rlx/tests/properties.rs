@@ -70,8 +70,8 @@ fn random_graph(seed: u64, n_ops: usize) -> Graph {
                     vec![a],
                 )
             }
-            6 if w % 2 == 0 && ad.len() == 3 => {
-                let heads = if w % 4 == 0 { 2 } else { 1 };
+            6 if w.is_multiple_of(2) && ad.len() == 3 => {
+                let heads = if w.is_multiple_of(4) { 2 } else { 1 };
                 let mk = [MaskKind::None, MaskKind::Causal, MaskKind::SlidingWindow(2)][r.below(3)];
                 let op = Op::Attention {
                     num_heads: heads,
@@ -120,7 +120,7 @@ fn every_kth(k: usize) -> SplitPolicy {
     let n = Arc::new(AtomicUsize::new(0));
     SplitPolicy::new(move |op: &Op| {
         let i = n.fetch_add(1, Ordering::Relaxed);
-        !matches!(op, Op::Attention { .. }) && (i + 1) % k != 0
+        !matches!(op, Op::Attention { .. }) && !(i + 1).is_multiple_of(k)
     })
 }
 
