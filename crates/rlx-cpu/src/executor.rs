@@ -4,7 +4,8 @@
 use crate::arena::{region, region_mut, split_io, Region};
 use crate::fused::{FusedCompiler, FusedPlan};
 use crate::kernels::{self, In};
-use rlx_ir::{DType, Graph, Node, NodeId, Op, Tensor, TensorData};
+use rlx_ir::{Graph, Node, NodeId, Op, Tensor, TensorData};
+use rlx_runtime::bind::{check_buffer, split_static, tensor_from_bytes, StaticSplit};
 use rlx_runtime::hybrid::{build_plan, HybridPlan, PlanReport, SplitPolicy, Step};
 use rlx_runtime::memory::{plan_memory, MemoryPlan, Tick};
 use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef, Thunk, ThunkSchedule};
@@ -133,7 +134,7 @@ impl Core {
             if let Some(r) = self.region(id) {
                 let dst =
                     region_mut(&mut self.arena, r).ok_or_else(|| internal(id, "input slot"))?;
-                dst.copy_from_slice(ref_bytes(data));
+                dst.copy_from_slice(data.as_bytes());
             }
         }
         let Core {
@@ -427,15 +428,6 @@ fn tensor_in(t: &Tensor) -> In<'_> {
     }
 }
 
-fn ref_bytes<'a>(r: &TensorRef<'a>) -> &'a [u8] {
-    match *r {
-        TensorRef::F32(v) => bytemuck::cast_slice(v),
-        TensorRef::I32(v) => bytemuck::cast_slice(v),
-        TensorRef::I64(v) => bytemuck::cast_slice(v),
-        TensorRef::U8(v) => v,
-    }
-}
-
 fn tensor_from_in(shape: &rlx_ir::Shape, i: In<'_>) -> Tensor {
     let data = match i {
         In::F32(v) => TensorData::F32(v.to_vec()),
@@ -447,70 +439,6 @@ fn tensor_from_in(shape: &rlx_ir::Shape, i: In<'_>) -> Tensor {
         shape: shape.clone(),
         data: data.into(),
     }
-}
-
-fn tensor_from_bytes(shape: &rlx_ir::Shape, b: &[u8]) -> Tensor {
-    let data = match shape.dtype {
-        DType::F32 => TensorData::F32(bytemuck::pod_collect_to_vec(b)),
-        DType::I32 => TensorData::I32(bytemuck::pod_collect_to_vec(b)),
-        DType::I64 => TensorData::I64(bytemuck::pod_collect_to_vec(b)),
-        _ => TensorData::U8(b.to_vec()),
-    };
-    Tensor {
-        shape: shape.clone(),
-        data: data.into(),
-    }
-}
-
-fn ref_to_tensor(shape: &rlx_ir::Shape, r: TensorRef<'_>) -> Tensor {
-    let data = match r {
-        TensorRef::F32(v) => TensorData::F32(v.to_vec()),
-        TensorRef::I32(v) => TensorData::I32(v.to_vec()),
-        TensorRef::I64(v) => TensorData::I64(v.to_vec()),
-        TensorRef::U8(v) => TensorData::U8(v.to_vec()),
-    };
-    Tensor {
-        shape: shape.clone(),
-        data: data.into(),
-    }
-}
-
-fn check_buffer(name: &str, shape: &rlx_ir::Shape, r: &TensorRef<'_>) -> Result<(), RuntimeError> {
-    let want = match shape.dtype {
-        DType::Bool => DType::U8,
-        d => d,
-    };
-    if r.dtype() != want {
-        return Err(RuntimeError::WrongDType {
-            name: name.into(),
-            shape: shape.clone(),
-            expected: shape.dtype,
-            got: r.dtype(),
-        });
-    }
-    if r.len() != shape.numel() {
-        return Err(RuntimeError::WrongLength {
-            name: name.into(),
-            shape: shape.clone(),
-            expected: shape.numel(),
-            got: r.len(),
-        });
-    }
-    Ok(())
-}
-
-/// Nodes computed from params and constants alone: evaluated once per
-/// change of params, not on every run.
-fn static_nodes(graph: &Graph) -> Vec<bool> {
-    let mut s = vec![false; graph.len()];
-    for n in graph.nodes() {
-        s[n.id.index()] = !n.op.is_leaf()
-            && !matches!(n.op, Op::CacheWrite { .. })
-            && n.inputs.iter().all(|&i| {
-                s[i.index()] || matches!(graph.node(i).op, Op::Param { .. } | Op::Constant { .. })
-            });
-    }
-    s
 }
 
 /// The param-derived part of a graph, run as thunks when params change.
@@ -536,59 +464,19 @@ impl CpuModel {
     /// Verify and plan `graph` for the CPU.
     pub fn compile(graph: Graph, opts: &CpuOptions) -> Result<CpuModel, RuntimeError> {
         graph.verify()?;
-        let is_static = static_nodes(&graph);
-        let users = graph.users_all();
-        let frontier: Vec<NodeId> = graph
-            .nodes()
-            .iter()
-            .filter(|n| {
-                is_static[n.id.index()]
-                    && (graph.outputs.contains(&n.id)
-                        || users[n.id.index()].iter().any(|u| !is_static[u.index()]))
-            })
-            .map(|n| n.id)
-            .collect();
-        let static_name = |id: NodeId| format!("%static.{}", id.0);
-        let mut main = Graph::new(graph.name.clone());
-        let mut prep_graph = Graph::new(format!("{}.prep", graph.name));
-        let mut prep_map: HashMap<NodeId, NodeId> = HashMap::new();
-        for n in graph.nodes() {
-            if is_static[n.id.index()] {
-                main.add_node(
-                    Op::Param {
-                        name: static_name(n.id),
-                    },
-                    vec![],
-                    n.shape.clone(),
-                );
-                for &i in &n.inputs {
-                    prep_map.entry(i).or_insert_with(|| {
-                        let leaf = graph.node(i);
-                        prep_graph.add_node(leaf.op.clone(), vec![], leaf.shape.clone())
-                    });
-                }
-                let ins = n.inputs.iter().map(|i| prep_map[i]).collect();
-                prep_map.insert(
-                    n.id,
-                    prep_graph.add_node(n.op.clone(), ins, n.shape.clone()),
-                );
-            } else {
-                main.add_node(n.op.clone(), n.inputs.clone(), n.shape.clone());
+        let StaticSplit { main, prep } = split_static(&graph);
+        let prep = match prep {
+            None => None,
+            Some((prep_graph, names)) => {
+                let thunks = CpuOptions {
+                    hybrid: false,
+                    ..opts.clone()
+                };
+                Some(Prep {
+                    core: Core::new(prep_graph, &thunks)?,
+                    names,
+                })
             }
-        }
-        main.set_outputs(graph.outputs.clone());
-        let prep = if frontier.is_empty() {
-            None
-        } else {
-            prep_graph.set_outputs(frontier.iter().map(|f| prep_map[f]).collect());
-            let thunks = CpuOptions {
-                hybrid: false,
-                ..opts.clone()
-            };
-            Some(Prep {
-                core: Core::new(prep_graph, &thunks)?,
-                names: frontier.iter().map(|&f| static_name(f)).collect(),
-            })
         };
         let mut param_shapes = HashMap::new();
         let mut inputs = Vec::new();
@@ -711,8 +599,7 @@ impl Executable for CpuModel {
             .get(name)
             .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
         check_buffer(name, shape, &value)?;
-        self.params
-            .insert(name.to_string(), ref_to_tensor(shape, value));
+        self.params.insert(name.to_string(), value.to_tensor(shape));
         self.dirty = true;
         Ok(())
     }

@@ -6,7 +6,8 @@ use crate::lower::{lower, view_of, Arg, Launch};
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result as drv, sys as drv_sys};
 use rlx_cpu::{CpuModel, CpuOptions};
-use rlx_ir::{DType, Graph, Node, NodeId, Op, Shape, Tensor, TensorData};
+use rlx_ir::{Graph, Node, NodeId, Op, Shape, Tensor};
+use rlx_runtime::bind::{check_buffer, split_static, tensor_bytes, tensor_from_bytes, StaticSplit};
 use rlx_runtime::hybrid::{
     build_plan, HybridPlan, PlanReport, SegmentCompiler, SplitPolicy, Step, SubGraph,
 };
@@ -95,6 +96,13 @@ impl SegmentCompiler for CudaSegmentCompiler {
         let mem = plan_memory(g, &ticks, |n| view_of(g, n), |_| false);
         Ok(SegmentPlan { mem })
     }
+}
+
+/// The param-only part of a graph, run on the host when params change.
+struct Prep {
+    model: CpuModel,
+    params: Vec<String>,
+    names: Vec<String>,
 }
 
 fn rt(message: String) -> RuntimeError {
@@ -304,147 +312,6 @@ impl Core {
     }
 }
 
-/// Nodes computed from params and constants alone: evaluated once per
-/// change of params (on the host, by the CPU backend), not on every run.
-fn static_nodes(graph: &Graph) -> Vec<bool> {
-    let mut s = vec![false; graph.len()];
-    for n in graph.nodes() {
-        s[n.id.index()] = !n.op.is_leaf()
-            && !matches!(n.op, Op::CacheWrite { .. })
-            && n.inputs.iter().all(|&i| {
-                s[i.index()] || matches!(graph.node(i).op, Op::Param { .. } | Op::Constant { .. })
-            });
-    }
-    s
-}
-
-/// Split `graph` into the per-run graph (static nodes replaced by
-/// `%static.N` params) and, if any, the param-only prep graph and the
-/// names its outputs are stored under.
-fn split_static(graph: &Graph) -> (Graph, Option<(Graph, Vec<String>)>) {
-    let is_static = static_nodes(graph);
-    let users = graph.users_all();
-    let frontier: Vec<NodeId> = graph
-        .nodes()
-        .iter()
-        .filter(|n| {
-            is_static[n.id.index()]
-                && (graph.outputs.contains(&n.id)
-                    || users[n.id.index()].iter().any(|u| !is_static[u.index()]))
-        })
-        .map(|n| n.id)
-        .collect();
-    let static_name = |id: NodeId| format!("%static.{}", id.0);
-    let mut main = Graph::new(graph.name.clone());
-    let mut prep = Graph::new(format!("{}.prep", graph.name));
-    let mut map: HashMap<NodeId, NodeId> = HashMap::new();
-    for n in graph.nodes() {
-        if is_static[n.id.index()] {
-            main.add_node(
-                Op::Param {
-                    name: static_name(n.id),
-                },
-                vec![],
-                n.shape.clone(),
-            );
-            for &i in &n.inputs {
-                map.entry(i).or_insert_with(|| {
-                    let leaf = graph.node(i);
-                    prep.add_node(leaf.op.clone(), vec![], leaf.shape.clone())
-                });
-            }
-            let ins = n.inputs.iter().map(|i| map[i]).collect();
-            map.insert(n.id, prep.add_node(n.op.clone(), ins, n.shape.clone()));
-        } else {
-            main.add_node(n.op.clone(), n.inputs.clone(), n.shape.clone());
-        }
-    }
-    main.set_outputs(graph.outputs.clone());
-    if frontier.is_empty() {
-        return (main, None);
-    }
-    prep.set_outputs(frontier.iter().map(|f| map[f]).collect());
-    (
-        main,
-        Some((prep, frontier.iter().map(|&f| static_name(f)).collect())),
-    )
-}
-
-/// The param-only part of a graph, run on the host when params change.
-struct Prep {
-    model: CpuModel,
-    params: Vec<String>,
-    names: Vec<String>,
-}
-
-fn tensor_bytes(t: &Tensor) -> &[u8] {
-    match &*t.data {
-        TensorData::F32(v) => bytemuck::cast_slice(v),
-        TensorData::I32(v) => bytemuck::cast_slice(v),
-        TensorData::I64(v) => bytemuck::cast_slice(v),
-        TensorData::U8(v) => v,
-    }
-}
-
-fn ref_bytes<'a>(r: &TensorRef<'a>) -> &'a [u8] {
-    match *r {
-        TensorRef::F32(v) => bytemuck::cast_slice(v),
-        TensorRef::I32(v) => bytemuck::cast_slice(v),
-        TensorRef::I64(v) => bytemuck::cast_slice(v),
-        TensorRef::U8(v) => v,
-    }
-}
-
-fn ref_to_tensor(shape: &Shape, r: TensorRef<'_>) -> Tensor {
-    let data = match r {
-        TensorRef::F32(v) => TensorData::F32(v.to_vec()),
-        TensorRef::I32(v) => TensorData::I32(v.to_vec()),
-        TensorRef::I64(v) => TensorData::I64(v.to_vec()),
-        TensorRef::U8(v) => TensorData::U8(v.to_vec()),
-    };
-    Tensor {
-        shape: shape.clone(),
-        data: data.into(),
-    }
-}
-
-fn tensor_from_bytes(shape: &Shape, b: &[u8]) -> Tensor {
-    let data = match shape.dtype {
-        DType::F32 => TensorData::F32(bytemuck::pod_collect_to_vec(b)),
-        DType::I32 => TensorData::I32(bytemuck::pod_collect_to_vec(b)),
-        DType::I64 => TensorData::I64(bytemuck::pod_collect_to_vec(b)),
-        _ => TensorData::U8(b.to_vec()),
-    };
-    Tensor {
-        shape: shape.clone(),
-        data: data.into(),
-    }
-}
-
-fn check_buffer(name: &str, shape: &Shape, r: &TensorRef<'_>) -> Result<(), RuntimeError> {
-    let want = match shape.dtype {
-        DType::Bool => DType::U8,
-        d => d,
-    };
-    if r.dtype() != want {
-        return Err(RuntimeError::WrongDType {
-            name: name.into(),
-            shape: shape.clone(),
-            expected: shape.dtype,
-            got: r.dtype(),
-        });
-    }
-    if r.len() != shape.numel() {
-        return Err(RuntimeError::WrongLength {
-            name: name.into(),
-            shape: shape.clone(),
-            expected: shape.numel(),
-            got: r.len(),
-        });
-    }
-    Ok(())
-}
-
 /// A graph compiled for a CUDA device.
 pub struct CudaModel {
     core: Core,
@@ -497,7 +364,7 @@ impl CudaModel {
     /// after they are set.
     pub fn compile(graph: Graph, opts: &CudaOptions) -> Result<CudaModel, RuntimeError> {
         graph.verify()?;
-        let (main, prep) = split_static(&graph);
+        let StaticSplit { main, prep } = split_static(&graph);
         // Every node that runs on the device must have a kernel.
         for n in main.nodes() {
             if !n.op.is_leaf() {
@@ -841,7 +708,7 @@ impl CudaModel {
         {
             let stage = self.in_stage.as_mut_slice();
             for (pos, data) in bound.iter().enumerate() {
-                let b = ref_bytes(data.as_ref().expect("checked above"));
+                let b = data.as_ref().expect("checked above").as_bytes();
                 let at = self.in_offsets[pos];
                 stage[at..at + b.len()].copy_from_slice(b);
             }
@@ -975,8 +842,7 @@ impl Executable for CudaModel {
             .get(name)
             .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
         check_buffer(name, shape, &value)?;
-        self.params
-            .insert(name.to_string(), ref_to_tensor(shape, value));
+        self.params.insert(name.to_string(), value.to_tensor(shape));
         self.stale.insert(name.to_string());
         self.prep_dirty = self.prep.is_some();
         Ok(())

@@ -3,11 +3,13 @@
 //! - [`hybrid`]: the schedule splitter, sub-graph extraction, the
 //!   [`SegmentCompiler`](hybrid::SegmentCompiler) trait and the plan builder.
 //! - [`memory`]: the step-aware arena planner (DESIGN.md invariant 2).
+//! - [`bind`]: buffer checks and the param-only (static) split every backend uses.
 //! - [`ThunkSchedule`]: one thunk per node, which thunk ranges index.
 //! - [`Executable`]: the interface of a compiled model, and its errors.
 //!
 //! Backends (rlx-cpu, rlx-cuda) implement the traits and own their executors.
 
+pub mod bind;
 mod error;
 mod exec;
 pub mod hybrid;
