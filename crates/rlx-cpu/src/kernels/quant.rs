@@ -252,6 +252,9 @@ fn gemm_tiled_with(
 mod x86 {
     use std::arch::x86_64::*;
 
+    /// Bytes ahead of the current block that the dot kernels prefetch.
+    const PF_DIST: usize = 1024;
+
     /// Horizontal sum of 8 lanes.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -300,6 +303,8 @@ mod x86 {
             // SAFETY (all reads): block b spans bytes 20b..20b+20 of `row`
             // and elements 32b..32b+32 of `x`, within bounds by the contract.
             let blk = rp.add(b * 20);
+            // A hint only: prefetching past the end of `row` is harmless.
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST) as *const i8);
             let (d, mn) = f16x2(blk);
             // Bytes 0..8 and 8..16 widened to i32 lanes: the low nibbles are
             // elements 0..16, the high nibbles elements 16..32.
@@ -342,6 +347,8 @@ mod x86 {
             // SAFETY (all reads): block b spans bytes 34b..34b+34 of `row`
             // and elements 32b..32b+32 of `x`, within bounds by the contract.
             let blk = rp.add(b * 34);
+            // A hint only: prefetching past the end of `row` is harmless.
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST) as *const i8);
             let d = f16x1(blk);
             let qp = blk.add(2);
             macro_rules! ld {
