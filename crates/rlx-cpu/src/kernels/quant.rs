@@ -492,7 +492,7 @@ mod bench {
 
     /// Tile heights for the m > 1 path, interleaved in one process.
     #[test]
-    #[ignore]
+    #[ignore = "timing aid, not a test: run with --release -- --ignored --nocapture"]
     fn tile_timing() {
         let (scheme, m) = (QuantScheme::Q4_1, 96);
         for (n, k) in [(1536, 576), (576, 1536), (576, 576)] {
@@ -527,7 +527,7 @@ mod bench {
 
     /// Timing aid: `cargo test -p rlx-cpu --release quant::bench -- --ignored --nocapture`.
     #[test]
-    #[ignore]
+    #[ignore = "timing aid, not a test: run with --release -- --ignored --nocapture"]
     fn gemv_timing() {
         for (scheme, n, k) in [
             (QuantScheme::Q4_1, 1536, 576),
