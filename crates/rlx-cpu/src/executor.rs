@@ -43,6 +43,8 @@ pub struct ProfileEntry {
 /// One planned graph with its arena.
 struct Core {
     graph: Graph,
+    /// Arena region of every node (from the memory plan), by node index.
+    regions: Vec<Option<Region>>,
     schedule: ThunkSchedule,
     steps: Vec<Step<FusedPlan>>,
     report: PlanReport,
@@ -104,7 +106,19 @@ impl Core {
                 Step::Thunks { .. } => 0,
             })
             .sum();
+        let regions = graph
+            .nodes()
+            .iter()
+            .map(|n| {
+                mem.placements[n.id.index()].map(|p| Region {
+                    offset: p.offset,
+                    bytes: p.bytes,
+                    dtype: n.shape.dtype,
+                })
+            })
+            .collect();
         Ok(Core {
+            regions,
             arena: vec![0u64; mem.arena_bytes.div_ceil(8)],
             schedule: ThunkSchedule::new(&graph),
             graph,
@@ -117,11 +131,7 @@ impl Core {
     }
 
     fn region(&self, id: NodeId) -> Option<Region> {
-        self.mem.placements[id.index()].map(|p| Region {
-            offset: p.offset,
-            bytes: p.bytes,
-            dtype: self.graph.node(id).shape.dtype,
-        })
+        self.regions[id.index()]
     }
 
     fn execute(
@@ -139,6 +149,7 @@ impl Core {
         }
         let Core {
             graph,
+            regions,
             schedule,
             steps,
             mem,
@@ -149,17 +160,7 @@ impl Core {
         let shapes_of = |n: &Node| -> Vec<&rlx_ir::Shape> {
             n.inputs.iter().map(|&i| &graph.node(i).shape).collect()
         };
-        let regions: Vec<Option<Region>> = graph
-            .nodes()
-            .iter()
-            .map(|n| {
-                mem.placements[n.id.index()].map(|p| Region {
-                    offset: p.offset,
-                    bytes: p.bytes,
-                    dtype: n.shape.dtype,
-                })
-            })
-            .collect();
+        let regions = &regions[..];
         let mut tick = 0usize;
         for step in steps.iter_mut() {
             match step {
@@ -169,14 +170,14 @@ impl Core {
                         let node = graph.node(id);
                         tick += 1;
                         if matches!(node.op, Op::CacheWrite { .. }) {
-                            cache_write(graph, node, &regions, arena, params)?;
+                            cache_write(graph, node, regions, arena, params)?;
                             continue;
                         }
                         let p = mem.placements[node.id.index()]
                             .ok_or_else(|| internal(node.id, "no arena slot"))?;
                         if p.root == node.id {
                             let t0 = std::time::Instant::now();
-                            run_thunk(graph, node, &regions, arena, params)?;
+                            run_thunk(graph, node, regions, arena, params)?;
                             if let Some(prof) = profile.as_mut() {
                                 let ins = shapes_of(node);
                                 prof.push(ProfileEntry {
@@ -189,7 +190,7 @@ impl Core {
                             }
                         }
                         if poison {
-                            poison_tick(mem, &regions, arena, tick);
+                            poison_tick(mem, regions, arena, tick);
                         }
                     }
                 }
@@ -204,7 +205,7 @@ impl Core {
                             regions[o.index()].ok_or_else(|| internal(o, "segment output slot"))
                         })
                         .collect::<Result<_, _>>()?;
-                    let (srcs, arena_ins) = sources(graph, &segment.boundary_inputs, &regions);
+                    let (srcs, arena_ins) = sources(graph, &segment.boundary_inputs, regions);
                     let (outs, ins) = split_io(arena, &outs, &arena_ins)
                         .ok_or_else(|| internal(segment.nodes[0], "segment regions overlap"))?;
                     let ins = resolve(graph, &srcs, ins, params)?;
@@ -245,7 +246,7 @@ impl Core {
                         });
                     }
                     if poison {
-                        poison_tick(mem, &regions, arena, tick);
+                        poison_tick(mem, regions, arena, tick);
                     }
                 }
             }
