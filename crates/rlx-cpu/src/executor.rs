@@ -7,7 +7,7 @@ use crate::kernels::{self, In};
 use rlx_ir::{Graph, Node, NodeId, Op, Tensor, TensorData};
 use rlx_runtime::bind::{check_buffer, split_static, tensor_from_bytes, StaticSplit};
 use rlx_runtime::hybrid::{build_plan, HybridPlan, PlanReport, SplitPolicy, Step};
-use rlx_runtime::memory::{plan_memory, MemoryPlan, Tick};
+use rlx_runtime::memory::{plan_memory, MemoryPlan};
 use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef, Thunk, ThunkSchedule};
 use std::collections::{HashMap, HashSet};
 
@@ -77,21 +77,7 @@ impl Core {
         } else {
             HybridPlan::thunks_only(&graph)
         };
-        let mut ticks = Vec::new();
-        for s in &plan.steps {
-            match s {
-                Step::Thunks { start, end } => ticks.extend(
-                    graph.nodes()[*start..*end]
-                        .iter()
-                        .filter(|n| !n.op.is_leaf())
-                        .map(|n| Tick::Node(n.id)),
-                ),
-                Step::Compiled { segment, .. } => ticks.push(Tick::Segment {
-                    inputs: segment.boundary_inputs.clone(),
-                    outputs: segment.boundary_outputs.clone(),
-                }),
-            }
-        }
+        let ticks = plan.ticks(&graph);
         let mem = plan_memory(
             &graph,
             &ticks,

@@ -277,21 +277,7 @@ impl Core {
         } else {
             HybridPlan::thunks_only(&graph)
         };
-        let mut ticks = Vec::new();
-        for s in &plan.steps {
-            match s {
-                Step::Thunks { start, end } => ticks.extend(
-                    graph.nodes()[*start..*end]
-                        .iter()
-                        .filter(|n| !n.op.is_leaf())
-                        .map(|n| Tick::Node(n.id)),
-                ),
-                Step::Compiled { segment, .. } => ticks.push(Tick::Segment {
-                    inputs: segment.boundary_inputs.clone(),
-                    outputs: segment.boundary_outputs.clone(),
-                }),
-            }
-        }
+        let ticks = plan.ticks(&graph);
         let mem = plan_memory(&graph, &ticks, |n| view_of(&graph, n), |_| false);
         let scratch_bytes = plan
             .steps

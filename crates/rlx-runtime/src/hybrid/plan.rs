@@ -105,6 +105,28 @@ pub struct HybridPlan<L> {
 }
 
 impl<L> HybridPlan<L> {
+    /// The memory planner's ticks for this plan: one per compute thunk, one
+    /// per compiled segment (atomic), in execution order.
+    pub fn ticks(&self, graph: &Graph) -> Vec<crate::memory::Tick> {
+        use crate::memory::Tick;
+        let mut ticks = Vec::new();
+        for s in &self.steps {
+            match s {
+                Step::Thunks { start, end } => ticks.extend(
+                    graph.nodes()[*start..*end]
+                        .iter()
+                        .filter(|n| !n.op.is_leaf())
+                        .map(|n| Tick::Node(n.id)),
+                ),
+                Step::Compiled { segment, .. } => ticks.push(Tick::Segment {
+                    inputs: segment.boundary_inputs.clone(),
+                    outputs: segment.boundary_outputs.clone(),
+                }),
+            }
+        }
+        ticks
+    }
+
     /// The all-thunks plan for `graph` (no compiled step).
     pub fn thunks_only(graph: &Graph) -> Self {
         let reasons = vec![Some("mode: thunks".to_string()); graph.len()];
