@@ -6,7 +6,7 @@
 
 use rlx_cpu::kernels::{run_op, In, Out};
 use rlx_formats::{quant::dequantize, GgmlType};
-use rlx_ir::{DType, Graph, Op, QuantScheme, Shape, Tensor, TensorData};
+use rlx_ir::{ActivationPrecision, DType, Graph, Op, QuantScheme, Shape, Tensor, TensorData};
 use std::collections::HashMap;
 
 struct Rng(u64);
@@ -51,13 +51,26 @@ fn packed(scheme: QuantScheme, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
 }
 
 fn check(scheme: QuantScheme, x_dims: &[usize], n: usize, seed: u64) {
+    check_act(scheme, ActivationPrecision::F32, x_dims, n, seed)
+}
+
+fn check_act(
+    scheme: QuantScheme,
+    activations: ActivationPrecision,
+    x_dims: &[usize],
+    n: usize,
+    seed: u64,
+) {
     let mut rng = Rng(seed);
     let k = *x_dims.last().unwrap();
     let rb = scheme.row_bytes(k).unwrap();
     let m: usize = x_dims[..x_dims.len() - 1].iter().product();
     let x = Tensor::f32(x_dims, (0..m * k).map(|_| rng.f()).collect());
     let w = Tensor::u8(&[n, rb], packed(scheme, n, k, &mut rng));
-    let op = Op::DequantMatMul { scheme };
+    let op = Op::DequantMatMul {
+        scheme,
+        activations,
+    };
 
     let mut g = Graph::new("dqmm");
     let xi = g.input("x", x.shape.clone());
@@ -99,12 +112,34 @@ fn check(scheme: QuantScheme, x_dims: &[usize], n: usize, seed: u64) {
                 .map(|(&a, &b)| (a as f64 * b as f64).abs())
                 .sum();
             let (g, w) = (got[i * n + j], want[i * n + j]);
+            // Int8: Σ|x̂ w| is within 1% of Σ|x w|.
+            let tol = match activations {
+                ActivationPrecision::F32 => 1e-5,
+                ActivationPrecision::Int8 => 2e-5,
+            };
             assert!(
-                ((g - w) as f64).abs() <= 1e-5 * mag + 1e-30,
-                "{scheme:?} x{x_dims:?} n={n} [{i},{j}]: got {g}, reference {w} (Σ|xw| {mag})"
+                ((g - w) as f64).abs() <= tol * mag + 1e-30,
+                "{scheme:?} {activations:?} x{x_dims:?} n={n} [{i},{j}]: got {g}, reference {w} (Σ|xw| {mag})"
             );
         }
     }
+}
+
+/// Int8 activations: the reference rounds x to Q8 blocks on its own and
+/// multiplies exactly; the integer kernels (Q4_0, Q4_1, Q8_0) and the
+/// rounded-f32 fallback (other schemes) must agree within f32 rounding.
+#[test]
+fn int8_activations_match_reference() {
+    let act = ActivationPrecision::Int8;
+    for (s, scheme) in QuantScheme::ALL.into_iter().enumerate() {
+        let k = scheme.block_elems() * 2;
+        check_act(scheme, act, &[1, k], 19, s as u64 + 1000);
+        check_act(scheme, act, &[1, 6, k], 45, s as u64 + 1200);
+        check_act(scheme, act, &[3, k], 130, s as u64 + 1300);
+    }
+    check_act(QuantScheme::Q4_1, act, &[1, 1, 576], 960, 7);
+    check_act(QuantScheme::Q4_1, act, &[1, 11, 1536], 576, 8);
+    check_act(QuantScheme::Q8_0, act, &[1, 1, 576], 4096, 9);
 }
 
 #[test]
@@ -131,6 +166,7 @@ fn smollm2_shapes_match_reference() {
 fn wrong_buffers_are_errors() {
     let op = Op::DequantMatMul {
         scheme: QuantScheme::Q8_0,
+        activations: ActivationPrecision::F32,
     };
     let xs = Shape::f32(&[1, 32]);
     let ws = Shape::new(&[2, 34], DType::U8);

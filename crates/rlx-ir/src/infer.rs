@@ -389,7 +389,7 @@ pub fn infer_shape(op: &Op, inputs: &[Shape]) -> R {
             }
             Ok(x.with_dims(&[b, s, d * h]))
         }
-        Op::DequantMatMul { scheme } => {
+        Op::DequantMatMul { scheme, .. } => {
             arity(inputs, 2)?;
             let (x, w) = (&inputs[0], &inputs[1]);
             float(x, "x")?;

@@ -17,6 +17,8 @@ mod tensor;
 pub use dtype::DType;
 pub use error::IrError;
 pub use graph::{Graph, Node, NodeId};
-pub use op::{Activation, BinaryOp, MaskKind, Op, QuantScheme, ReduceOp, RopeStyle};
+pub use op::{
+    Activation, ActivationPrecision, BinaryOp, MaskKind, Op, QuantScheme, ReduceOp, RopeStyle,
+};
 pub use shape::{broadcast_dims, contiguous_strides, Shape};
 pub use tensor::{Tensor, TensorData};

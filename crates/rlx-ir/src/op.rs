@@ -19,6 +19,14 @@
 //! - `Cast`: float to integer truncates toward zero and saturates (Rust `as`);
 //!   anything to `Bool` is `x != 0`.
 //! - `Max`/`Min` propagate NaN. `Softmax` subtracts the row max first.
+//! - `DequantMatMul`: `y = Σ_k x̂_k ŵ_k`, where `ŵ` is the weight row
+//!   dequantized as ggml does. With [`ActivationPrecision::F32`], `x̂ = x`.
+//!   With [`ActivationPrecision::Int8`] (llama.cpp's activation rounding),
+//!   each row of x is cut into blocks of 32 along K and, per block, in f32:
+//!   `amax = max |x_i|`, `d = amax / 127`, `q_i = round_half_even(x_i * (1 / d))`,
+//!   an integer in `-127..=127`, and `x̂_i = d * q_i` (exact). When `d` is
+//!   below the smallest normal f32 (zero included) every `x̂_i` of the block
+//!   is 0; a block holding a NaN or an infinity gives NaN for every `x̂_i`.
 
 use crate::{DType, Tensor};
 
@@ -235,6 +243,30 @@ impl QuantScheme {
     }
 }
 
+/// The precision of the activations a `DequantMatMul` multiplies (see the
+/// module docs for the exact rounding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ActivationPrecision {
+    /// f32 activations: only f32 rounding separates the result from the
+    /// exact product with the dequantized weights.
+    #[default]
+    F32,
+    /// Activations rounded to 8-bit blocks of 32 with an f32 scale each
+    /// (llama.cpp's `q8_0`/`q8_1` activations): faster integer dot
+    /// products, about 2-3 significant digits per activation.
+    Int8,
+}
+
+impl ActivationPrecision {
+    /// Lower-case name (`f32`, `int8`), as printed by plans and the CLI.
+    pub fn name(self) -> &'static str {
+        match self {
+            ActivationPrecision::F32 => "f32",
+            ActivationPrecision::Int8 => "int8",
+        }
+    }
+}
+
 /// A graph operator. Input arity and layouts are documented per variant;
 /// shape rules live in [`crate::infer`].
 #[derive(Debug, Clone, PartialEq)]
@@ -391,6 +423,8 @@ pub enum Op {
     DequantMatMul {
         /// Block format of W.
         scheme: QuantScheme,
+        /// How x is rounded before the product (`F32`: not at all).
+        activations: ActivationPrecision,
     },
     /// Write rows into a persistent cache (a KV cache). Inputs: the cache
     /// (a Param, f32 `[B, ctx, D]`), new rows f32 `[B, n, D]`, and the start

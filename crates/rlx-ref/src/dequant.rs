@@ -1,10 +1,12 @@
 //! `DequantMatMul`: every weight row is dequantized to f32 with
 //! `rlx_formats::quant::dequantize` (bit-exact with ggml), then multiplied
-//! in f64.
+//! in f64. With `Int8` activations, x is first rounded to Q8 blocks of 32 as
+//! `rlx_ir::op` specifies ([`q8_round`]), written here independently of the
+//! CPU kernels so that it checks them.
 
 use crate::value::{prod, Value};
 use rlx_formats::{quant::dequantize, GgmlType};
-use rlx_ir::QuantScheme;
+use rlx_ir::{ActivationPrecision, QuantScheme};
 
 /// `x [.., K] x W^T -> [.., N]` with `W` packed as `u8 [N, row_bytes]`.
 ///
@@ -14,6 +16,7 @@ pub(crate) fn dequant_matmul(
     x: &Value,
     w: &Value,
     scheme: QuantScheme,
+    activations: ActivationPrecision,
     out_dims: &[usize],
 ) -> Result<Value, String> {
     let k = *x.dims.last().unwrap_or(&0);
@@ -33,7 +36,15 @@ pub(crate) fn dequant_matmul(
     {
         dequantize(ty, src, k, dst).map_err(|e| format!("weight row {r}: {e}"))?;
     }
-    let xv = x.floats();
+    let mut xv = x.floats();
+    if activations == ActivationPrecision::Int8 {
+        if !k.is_multiple_of(32) {
+            return Err(format!("K = {k} is not a multiple of the Q8 block size 32"));
+        }
+        for blk in xv.to_mut().chunks_exact_mut(32) {
+            q8_round(blk);
+        }
+    }
     let m = xv
         .len()
         .checked_div(k)
@@ -47,4 +58,26 @@ pub(crate) fn dequant_matmul(
         }
     }
     Ok(Value::float(out_dims, out))
+}
+
+/// Replace one block of 32 activations by its Q8 rounding `d * q`:
+/// `d = amax / 127` and `q = round_half_even(x * (1 / d))` in f32; zeros
+/// when `d` is below the smallest normal f32, NaN everywhere when the block
+/// holds a NaN or an infinity.
+pub(crate) fn q8_round(blk: &mut [f64]) {
+    if blk.iter().any(|v| !v.is_finite()) {
+        blk.fill(f64::NAN);
+        return;
+    }
+    let amax = blk.iter().fold(0.0f32, |m, &v| m.max((v as f32).abs()));
+    let d = amax / 127.0;
+    if d < f32::MIN_POSITIVE {
+        blk.fill(0.0);
+        return;
+    }
+    let id = 1.0 / d;
+    for v in blk.iter_mut() {
+        let q = (*v as f32 * id).round_ties_even();
+        *v = f64::from(d) * f64::from(q);
+    }
 }

@@ -23,7 +23,8 @@
 //!   (`S[i][j] += k[i] d[j]`); `o_t <- S^T q_t / sqrt(n)`, where
 //!   `(S^T k)[j] = sum_i S[i][j] k[i]`.
 //! - `DequantMatMul` dequantizes each weight row to f32 exactly as ggml does
-//!   (`rlx_formats::quant`), then multiplies in f64.
+//!   (`rlx_formats::quant`), then multiplies in f64; `Int8` activations are
+//!   first rounded to their Q8 values in f32 as `rlx_ir::op` specifies.
 //!
 //! # LSTM weight packing
 //!
@@ -320,7 +321,10 @@ fn eval_node(
             bidirectional,
             carry,
         } => seq::lstm(ins, *hidden_size, *num_layers, *bidirectional, *carry),
-        Op::DequantMatMul { scheme } => dequant::dequant_matmul(ins[0], ins[1], *scheme, out)
+        Op::DequantMatMul {
+            scheme,
+            activations,
+        } => dequant::dequant_matmul(ins[0], ins[1], *scheme, *activations, out)
             .map_err(|r| unsupported(node, r))?,
         Op::CacheWrite { .. } => {
             let pos = ins[2].ints()[0];

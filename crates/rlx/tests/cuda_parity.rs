@@ -640,6 +640,7 @@ fn hybrid_is_fewer_dispatches_and_errors_are_typed() {
         .push(
             Op::DequantMatMul {
                 scheme: rlx::ir::QuantScheme::Q4_0,
+                activations: rlx::ir::ActivationPrecision::F32,
             },
             vec![xq, wq],
         )

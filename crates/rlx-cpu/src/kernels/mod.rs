@@ -13,6 +13,7 @@ pub mod matmul;
 pub mod movement;
 pub mod norm;
 pub mod quant;
+pub mod quant_q8;
 pub mod recurrent;
 pub mod reduce;
 pub mod rope;
@@ -601,7 +602,10 @@ pub fn run_op(
                 .ok_or_else(|| bad_shape(name, "empty position"))?;
             movement::cache_write(cache, dims(0), rows, dims(1), p, o)
         }
-        Op::DequantMatMul { scheme } => {
+        Op::DequantMatMul {
+            scheme,
+            activations,
+        } => {
             let x = f32_in(name, &inputs[0], 0)?;
             let w = match inputs[1] {
                 In::U8(w) => w,
@@ -618,7 +622,7 @@ pub fn run_op(
             let n = dims(1)[0];
             let m = x.len().checked_div(k).unwrap_or(0);
             let o = f32_out(name, &mut out)?;
-            quant::dequant_matmul(*scheme, x, m, k, w, n, o, true)
+            quant::dequant_matmul_act(*scheme, *activations, x, m, k, w, n, o, true)
         }
         Op::GatedDeltaNet {
             state_size,

@@ -20,7 +20,7 @@
 use super::{bad_shape, exact_len, num_threads, simd, KernelError, PAR_MIN_ELEMS};
 use rayon::prelude::*;
 use rlx_formats::{quant::dequantize, GgmlType};
-use rlx_ir::QuantScheme;
+use rlx_ir::{ActivationPrecision, QuantScheme};
 
 const OP: &str = "DequantMatMul";
 
@@ -33,14 +33,12 @@ pub fn tile_rows(k: usize, n: usize) -> usize {
     by_bytes.min(by_threads).max(16)
 }
 
-/// `out [m, n] = x [m, k] x W^T` where `w` holds `n` packed rows of `k`
-/// elements in `scheme`. `parallel` lets the kernel use the rayon pool.
-///
-/// Errors when `k` is not a whole number of blocks or a buffer length does
-/// not match `m`, `n`, `k`.
+/// [`dequant_matmul`] with the activations rounded as `activations` says:
+/// `Int8` runs the integer kernels of [`super::quant_q8`].
 #[allow(clippy::too_many_arguments)]
-pub fn dequant_matmul(
+pub fn dequant_matmul_act(
     scheme: QuantScheme,
+    activations: ActivationPrecision,
     x: &[f32],
     m: usize,
     k: usize,
@@ -49,6 +47,30 @@ pub fn dequant_matmul(
     out: &mut [f32],
     parallel: bool,
 ) -> Result<(), KernelError> {
+    match activations {
+        ActivationPrecision::F32 => dequant_matmul(scheme, x, m, k, w, n, out, parallel),
+        ActivationPrecision::Int8 => {
+            let Some(rb) = check_sizes(scheme, x, m, k, w, n, out)? else {
+                return Ok(());
+            };
+            let work = n.saturating_mul(k).saturating_mul(m);
+            let parallel = parallel && num_threads() > 1 && work >= PAR_MIN_ELEMS;
+            super::quant_q8::matmul_int8(scheme, x, m, k, w, rb, n, out, parallel)
+        }
+    }
+}
+
+/// Checks every buffer length; `Ok(None)` when there is nothing to compute
+/// (`out` is then already final), else the packed row size.
+fn check_sizes(
+    scheme: QuantScheme,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[u8],
+    n: usize,
+    out: &mut [f32],
+) -> Result<Option<usize>, KernelError> {
     let rb = scheme.row_bytes(k).ok_or_else(|| {
         bad_shape(
             OP,
@@ -72,12 +94,34 @@ pub fn dequant_matmul(
     exact_len(OP, &format!("packed {} W", scheme.name()), w.len(), w_len)?;
     exact_len(OP, "output", out.len(), o_len)?;
     if m == 0 || n == 0 {
-        return Ok(());
+        return Ok(None);
     }
     if k == 0 {
         out.fill(0.0);
-        return Ok(());
+        return Ok(None);
     }
+    Ok(Some(rb))
+}
+
+/// `out [m, n] = x [m, k] x W^T` where `w` holds `n` packed rows of `k`
+/// elements in `scheme`. `parallel` lets the kernel use the rayon pool.
+///
+/// Errors when `k` is not a whole number of blocks or a buffer length does
+/// not match `m`, `n`, `k`.
+#[allow(clippy::too_many_arguments)]
+pub fn dequant_matmul(
+    scheme: QuantScheme,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[u8],
+    n: usize,
+    out: &mut [f32],
+    parallel: bool,
+) -> Result<(), KernelError> {
+    let Some(rb) = check_sizes(scheme, x, m, k, w, n, out)? else {
+        return Ok(());
+    };
     let work = n.saturating_mul(k).saturating_mul(m);
     let parallel = parallel && num_threads() > 1 && work >= PAR_MIN_ELEMS;
     if m == 1 {

@@ -3,7 +3,8 @@
 //! Per block: `RmsNorm -> q/k/v -> Rope(q, k) -> CacheWrite(k, v) ->
 //! Attention -> o -> Add`, then `RmsNorm -> gate/up -> Silu(gate) * up ->
 //! down -> Add`; then the final `RmsNorm` and the head. Linear layers are
-//! `DequantMatMul` on packed weights (or `MatMul` on float weights). When
+//! `DequantMatMul` on packed weights (or `MatMul` on float weights), with
+//! the activation precision of [`LlamaWeights::activations`]. When
 //! the weights hold merged projections ([`LlamaWeights::merge_projections`]),
 //! q/k/v come from one `DequantMatMul` split with `Narrow`, and gate/up from
 //! one `DequantMatMul` feeding `FusedSwiGLU { packed: true }`.
@@ -80,9 +81,13 @@ impl Builder<'_> {
             })?;
         let w = self.param(name)?;
         Ok(match lin {
-            Linear::Quant { scheme, .. } => {
-                self.g.push(Op::DequantMatMul { scheme }, vec![x, w])?
-            }
+            Linear::Quant { scheme, .. } => self.g.push(
+                Op::DequantMatMul {
+                    scheme,
+                    activations: self.w.activations,
+                },
+                vec![x, w],
+            )?,
             Linear::Dense { .. } => self.g.push(Op::MatMul, vec![x, w])?,
         })
     }

@@ -8,7 +8,7 @@
 
 use super::{LlamaConfig, LlamaError};
 use rlx_formats::{GgmlType, GgufFile};
-use rlx_ir::{QuantScheme, Tensor};
+use rlx_ir::{ActivationPrecision, QuantScheme, Tensor};
 use std::collections::HashMap;
 
 /// Name of the f32 embedding table param (`token_embd.weight` dequantized).
@@ -57,6 +57,11 @@ pub struct LlamaWeights {
     pub linears: HashMap<String, Linear>,
     /// Param name of the output head.
     pub head: String,
+    /// How every `DequantMatMul` of the graphs rounds its activations:
+    /// `F32` (the default, exact up to f32 rounding) or `Int8` (llama.cpp's
+    /// 8-bit activation blocks; faster, looser). Set it before building a
+    /// model; it is an attribute of each `DequantMatMul` node.
+    pub activations: ActivationPrecision,
 }
 
 impl LlamaWeights {
@@ -93,6 +98,7 @@ impl LlamaWeights {
             tensors: HashMap::new(),
             linears: HashMap::new(),
             head: "token_embd.weight".into(),
+            activations: ActivationPrecision::F32,
         };
         let mut packed =
             |w: &mut LlamaWeights, name: String, scheme: QuantScheme, n: usize, k: usize| {
@@ -227,6 +233,7 @@ impl LlamaWeights {
             tensors: HashMap::new(),
             linears: HashMap::new(),
             head: String::new(),
+            activations: ActivationPrecision::F32,
         };
         // Embedding table (dequantized once).
         check_shape(f, "token_embd.weight", &[c.vocab, c.d_model])?;
