@@ -65,19 +65,62 @@ impl PackedB {
         if ldb < n {
             return Err(bad_shape(OP, format!("B row stride {ldb} < n {n}")));
         }
+        let mut packed = PackedB {
+            k: 0,
+            n: 0,
+            rows: Vec::new(),
+        };
+        packed.repack_strided(b, k, n, ldb, 1)?;
+        Ok(packed)
+    }
+
+    /// Re-fill with `B[p, j] = b[p * rs + j * cs]` (`k x n`), reusing the
+    /// allocation: e.g. `K^T` of one attention head is `rs = 1`, `cs` = the
+    /// key row stride.
+    pub fn repack_strided(
+        &mut self,
+        b: &[f32],
+        k: usize,
+        n: usize,
+        rs: usize,
+        cs: usize,
+    ) -> Result<(), KernelError> {
         if k > 0 && n > 0 {
-            need_len(OP, "B", b.len(), (k - 1) * ldb + n)?;
+            let last = (k - 1)
+                .checked_mul(rs)
+                .and_then(|x| x.checked_add((n - 1).checked_mul(cs)?))
+                .ok_or_else(|| bad_shape(OP, "B extent overflows"))?;
+            need_len(OP, "B", b.len(), last + 1)?;
         }
         let panels = n.div_ceil(NR);
-        let mut rows = vec![PanelRow([0.0; NR]); panels * k];
+        self.k = k;
+        self.n = n;
+        self.rows.clear();
+        self.rows.resize(panels * k, PanelRow([0.0; NR]));
         for panel in 0..panels {
             let j0 = panel * NR;
             let w = NR.min(n - j0);
             for p in 0..k {
-                rows[panel * k + p].0[..w].copy_from_slice(&b[p * ldb + j0..p * ldb + j0 + w]);
+                let dst = &mut self.rows[panel * k + p].0[..w];
+                if cs == 1 {
+                    dst.copy_from_slice(&b[p * rs + j0..p * rs + j0 + w]);
+                } else {
+                    for (j, x) in dst.iter_mut().enumerate() {
+                        *x = b[p * rs + (j0 + j) * cs];
+                    }
+                }
             }
         }
-        Ok(PackedB { k, n, rows })
+        Ok(())
+    }
+
+    /// An empty packing to [`Self::repack_strided`] into.
+    pub fn empty() -> PackedB {
+        PackedB {
+            k: 0,
+            n: 0,
+            rows: Vec::new(),
+        }
     }
 
     /// Rows of B (the shared dimension).
@@ -172,6 +215,8 @@ pub fn gemm_packed_with(
     let job = Job {
         m,
         k,
+        k0: 0,
+        pan0: 0,
         n,
         a,
         lda,
@@ -200,6 +245,64 @@ pub fn gemm_packed_with(
     Ok(())
 }
 
+/// Serial product against a window of a packed B:
+/// `C[m, cols] = A[m, k1 - k0] x B[k0..k1, col0..col0 + cols]`, where
+/// `col0` is a multiple of [`NR`] and C's row stride is `ldc`. Attention uses
+/// it to read only the visible keys of a head packed once.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_window(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    (k0, k1): (usize, usize),
+    (col0, cols): (usize, usize),
+    c: &mut [f32],
+    ldc: usize,
+) -> Result<(), KernelError> {
+    if k0 > k1 || k1 > b.k || col0 % NR != 0 || col0 + cols > b.n {
+        return Err(bad_shape(
+            OP,
+            format!(
+                "window rows {k0}..{k1}, columns {col0}+{cols} outside packed [{}, {}]",
+                b.k, b.n
+            ),
+        ));
+    }
+    let k = k1 - k0;
+    if m == 0 || cols == 0 {
+        return Ok(());
+    }
+    if ldc < cols || lda < k {
+        return Err(bad_shape(
+            OP,
+            format!("row strides A {lda} / C {ldc} below k {k} / columns {cols}"),
+        ));
+    }
+    need_len(OP, "C", c.len(), (m - 1) * ldc + cols)?;
+    if k > 0 {
+        need_len(OP, "A", a.len(), (m - 1) * lda + k)?;
+    }
+    let job = Job {
+        m,
+        k,
+        k0,
+        pan0: col0 / NR,
+        n: cols,
+        a,
+        lda,
+        b,
+        ldc,
+        bias: None,
+        act: None,
+        avx2: has_avx2_fma(),
+    };
+    // SAFETY: one task covering all of C, whose extent is checked above and
+    // which the `&mut` borrow makes exclusive.
+    unsafe { job.block(SharedC(c.as_mut_ptr()), 0, m, 0, cols.div_ceil(NR)) };
+    Ok(())
+}
+
 /// C's base pointer, shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
 struct SharedC(*mut f32);
@@ -211,7 +314,12 @@ unsafe impl Sync for SharedC {}
 
 struct Job<'a> {
     m: usize,
+    /// Depth of the product: B rows `k0..k0 + k`.
     k: usize,
+    k0: usize,
+    /// C column 0 is B column `pan0 * NR`.
+    pan0: usize,
+    /// Columns of C.
     n: usize,
     a: &'a [f32],
     lda: usize,
@@ -252,7 +360,8 @@ impl Job<'_> {
             let first = pc == 0;
             let last = pc + kc == k;
             for panel in p0..p1 {
-                let bp = self.b.panel(panel)[pc..pc + kc].as_ptr() as *const f32;
+                let bp = self.b.panel(self.pan0 + panel)[self.k0 + pc..self.k0 + pc + kc].as_ptr()
+                    as *const f32;
                 let cols = NR.min(self.n - panel * NR);
                 let mut r = r0;
                 while r < r1 {
@@ -583,6 +692,43 @@ mod tests {
                 assert!((c[i * n + j] as f64 - w).abs() < 1e-4, "({i},{j})");
             }
         }
+    }
+
+    #[test]
+    fn window_of_a_strided_packing_matches_naive() {
+        // B = K^T for K [n=40 keys, k=24 dims] with key row stride 30.
+        let (keys, dims, ks) = (40, 24, 30);
+        let kmat = fill(keys * ks, 11);
+        let mut packed = PackedB::empty();
+        packed.repack_strided(&kmat, dims, keys, 1, ks).unwrap();
+        let m = 7;
+        let a = fill(m * dims, 12);
+        // Keys 16..37, dims 3..20.
+        let (k0, k1, col0, cols) = (3, 20, 16, 21);
+        let mut c = vec![f32::NAN; m * cols];
+        gemm_packed_window(
+            m,
+            &a[k0..],
+            dims,
+            &packed,
+            (k0, k1),
+            (col0, cols),
+            &mut c,
+            cols,
+        )
+        .unwrap();
+        for i in 0..m {
+            for j in 0..cols {
+                let want: f64 = (k0..k1)
+                    .map(|p| a[i * dims + p] as f64 * kmat[(col0 + j) * ks + p] as f64)
+                    .sum();
+                assert!((c[i * cols + j] as f64 - want).abs() < 1e-4, "({i},{j})");
+            }
+        }
+        let bad = gemm_packed_window(m, &a, dims, &packed, (0, 25), (0, 8), &mut c, cols);
+        assert!(bad.is_err());
+        let bad = gemm_packed_window(m, &a, dims, &packed, (0, 5), (8, 8), &mut c, cols);
+        assert!(bad.is_err());
     }
 
     #[test]
