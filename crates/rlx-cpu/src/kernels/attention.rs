@@ -366,6 +366,7 @@ unsafe impl Sync for SharedOut {}
 /// # Safety
 /// `out` points at an output buffer validated for `p`, and no other task
 /// writes head `h` of batch `b`.
+#[allow(clippy::too_many_arguments)]
 unsafe fn attend_head_packed(
     p: &AttentionParams,
     q: &[f32],
