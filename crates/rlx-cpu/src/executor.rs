@@ -3,6 +3,7 @@
 
 use crate::arena::{region, region_mut, split_io, Region};
 use crate::fused::{FusedCompiler, FusedPlan};
+use crate::kernels::packed_gemm::PackedB;
 use crate::kernels::{self, In};
 use rlx_ir::{Graph, Node, NodeId, Op, Tensor, TensorData};
 use rlx_runtime::bind::{check_buffer, split_static, tensor_from_bytes, StaticSplit};
@@ -10,6 +11,10 @@ use rlx_runtime::hybrid::{build_plan, HybridPlan, PlanReport, SplitPolicy, Step}
 use rlx_runtime::memory::{plan_memory, MemoryPlan};
 use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef, Thunk, ThunkSchedule};
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// Weights packed for [`kernels::packed_gemm`], by the Param node they came from.
+type PackedParams = HashMap<NodeId, Arc<PackedB>>;
 
 /// How to compile a graph for the CPU.
 #[derive(Debug, Clone, Default)]
@@ -124,6 +129,7 @@ impl Core {
         &mut self,
         inputs: &HashMap<NodeId, TensorRef<'_>>,
         params: &mut HashMap<String, Tensor>,
+        packed: &PackedParams,
         poison: bool,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         for (&id, data) in inputs {
@@ -163,7 +169,7 @@ impl Core {
                             .ok_or_else(|| internal(node.id, "no arena slot"))?;
                         if p.root == node.id {
                             let t0 = std::time::Instant::now();
-                            run_thunk(graph, node, regions, arena, params)?;
+                            run_thunk(graph, node, regions, arena, params, packed)?;
                             if let Some(prof) = profile.as_mut() {
                                 let ins = shapes_of(node);
                                 prof.push(ProfileEntry {
@@ -195,14 +201,19 @@ impl Core {
                     let (outs, ins) = split_io(arena, &outs, &arena_ins)
                         .ok_or_else(|| internal(segment.nodes[0], "segment regions overlap"))?;
                     let ins = resolve(graph, &srcs, ins, params)?;
+                    let packs: Vec<Option<&PackedB>> = segment
+                        .boundary_inputs
+                        .iter()
+                        .map(|id| packed.get(id).map(|p| &**p))
+                        .collect();
                     let t0 = std::time::Instant::now();
-                    lowered
-                        .run(&ins, outs)
-                        .map_err(|(node, message)| RuntimeError::Kernel {
+                    lowered.run(&ins, &packs, outs).map_err(|(node, message)| {
+                        RuntimeError::Kernel {
                             node,
                             op: graph.node(node).op.name().to_string(),
                             message,
-                        })?;
+                        }
+                    })?;
                     if let Some(prof) = profile.as_mut() {
                         let flops = segment
                             .nodes
@@ -333,6 +344,7 @@ fn run_thunk(
     regions: &[Option<Region>],
     arena: &mut [u64],
     params: &HashMap<String, Tensor>,
+    packed: &PackedParams,
 ) -> Result<(), RuntimeError> {
     let out = regions[node.id.index()].ok_or_else(|| internal(node.id, "thunk output slot"))?;
     let (srcs, arena_ins) = sources(graph, &node.inputs, regions);
@@ -341,7 +353,14 @@ fn run_thunk(
     let ins = resolve(graph, &srcs, ins, params)?;
     let shapes: Vec<&rlx_ir::Shape> = node.inputs.iter().map(|&i| &graph.node(i).shape).collect();
     let out = outs.pop().expect("one output region");
-    kernels::run_op(&node.op, &ins, &shapes, out, &node.shape).map_err(|e| RuntimeError::Kernel {
+    let rhs = node.inputs.get(1).and_then(|id| packed.get(id));
+    let result = match (&node.op, rhs) {
+        (Op::MatMul | Op::FusedMatMulBiasAct { .. }, Some(pb)) => {
+            kernels::run_matmul_packed(&node.op, &ins, &shapes, pb, out, &node.shape)
+        }
+        _ => kernels::run_op(&node.op, &ins, &shapes, out, &node.shape),
+    };
+    result.map_err(|e| RuntimeError::Kernel {
         node: node.id,
         op: node.op.describe(),
         message: e.to_string(),
@@ -428,6 +447,26 @@ fn tensor_from_in(shape: &rlx_ir::Shape, i: In<'_>) -> Tensor {
     }
 }
 
+/// Params that some matmul reads as its 2-D f32 right-hand side.
+fn packable_params(graph: &Graph) -> Vec<(NodeId, String)> {
+    let mut out: Vec<(NodeId, String)> = Vec::new();
+    for n in graph.nodes() {
+        if !matches!(n.op, Op::MatMul | Op::FusedMatMulBiasAct { .. }) {
+            continue;
+        }
+        let rhs = graph.node(n.inputs[1]);
+        if let Op::Param { name } = &rhs.op {
+            if rhs.shape.rank() == 2
+                && rhs.shape.dtype == rlx_ir::DType::F32
+                && !out.iter().any(|(id, _)| *id == rhs.id)
+            {
+                out.push((rhs.id, name.clone()));
+            }
+        }
+    }
+    out
+}
+
 /// The param-derived part of a graph, run as thunks when params change.
 struct Prep {
     core: Core,
@@ -443,6 +482,11 @@ pub struct CpuModel {
     param_shapes: HashMap<String, rlx_ir::Shape>,
     inputs: Vec<(String, NodeId, rlx_ir::Shape)>,
     dirty: bool,
+    /// Params used as a matmul's 2-D right-hand side: packed once per value.
+    packable: Vec<(NodeId, String)>,
+    packed: PackedParams,
+    /// Params set since their packed copies were made.
+    stale: HashSet<String>,
     pool: Option<rayon::ThreadPool>,
     poison: bool,
 }
@@ -485,6 +529,7 @@ impl CpuModel {
             ),
             None => None,
         };
+        let packable = packable_params(&main);
         Ok(CpuModel {
             core: Core::new(main, opts)?,
             prep,
@@ -492,6 +537,9 @@ impl CpuModel {
             param_shapes,
             inputs,
             dirty: true,
+            packable,
+            packed: HashMap::new(),
+            stale: HashSet::new(),
             pool,
             poison: opts.poison_freed,
         })
@@ -512,6 +560,35 @@ impl CpuModel {
         let r = Executable::run(self, inputs);
         let prof = self.core.profile.take().unwrap_or_default();
         r.map(|o| (o, prof))
+    }
+
+    /// Bytes held by packed copies of matmul weights.
+    pub fn packed_bytes(&self) -> usize {
+        self.packed.values().map(|p| p.bytes()).sum()
+    }
+
+    /// Re-pack every packable param set since the last run.
+    fn repack(&mut self) -> Result<(), RuntimeError> {
+        for (id, name) in &self.packable {
+            if !self.stale.contains(name) && self.packed.contains_key(id) {
+                continue;
+            }
+            let Some(t) = self.params.get(name) else {
+                continue;
+            };
+            let TensorData::F32(data) = &*t.data else {
+                continue;
+            };
+            let (k, n) = (t.shape.dims[0], t.shape.dims[1]);
+            let packed = PackedB::pack(data, k, n, n).map_err(|e| RuntimeError::Kernel {
+                node: *id,
+                op: "PackWeight".into(),
+                message: format!("param '{name}' {}: {e}", t.shape),
+            })?;
+            self.packed.insert(*id, Arc::new(packed));
+        }
+        self.stale.clear();
+        Ok(())
     }
 
     /// The graph actually executed (param-only nodes replaced by `%static.N` params).
@@ -566,16 +643,19 @@ impl CpuModel {
         }
         if self.dirty {
             if let Some(prep) = &mut self.prep {
-                let outs = prep
-                    .core
-                    .execute(&HashMap::new(), &mut self.params, false)?;
+                let outs =
+                    prep.core
+                        .execute(&HashMap::new(), &mut self.params, &HashMap::new(), false)?;
                 for (name, t) in prep.names.iter().zip(outs) {
                     self.params.insert(name.clone(), t);
+                    self.stale.insert(name.clone());
                 }
             }
+            self.repack()?;
             self.dirty = false;
         }
-        self.core.execute(&bound, &mut self.params, self.poison)
+        self.core
+            .execute(&bound, &mut self.params, &self.packed, self.poison)
     }
 }
 
@@ -587,6 +667,7 @@ impl Executable for CpuModel {
             .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
         check_buffer(name, shape, &value)?;
         self.params.insert(name.to_string(), value.to_tensor(shape));
+        self.stale.insert(name.to_string());
         self.dirty = true;
         Ok(())
     }
@@ -605,12 +686,17 @@ impl Executable for CpuModel {
             });
         }
         self.params.insert(name.to_string(), value);
+        self.stale.insert(name.to_string());
         self.dirty = true;
         Ok(())
     }
 
     fn take_param(&mut self, name: &str) -> Option<Tensor> {
         self.dirty = true;
+        self.stale.insert(name.to_string());
+        self.packed.retain(
+            |id, _| !matches!(&self.core.graph.node(*id).op, Op::Param { name: n } if n == name),
+        );
         self.params.remove(name)
     }
 

@@ -15,6 +15,7 @@
 //!   of the producing matmul while its rows are hot in cache;
 //! - FusedMatMulBiasAct applies bias and activation per row block.
 
+use crate::kernels::packed_gemm::{gemm_packed, PackedB};
 use crate::kernels::{elementwise, matmul, norm, softmax, In, Out};
 use rayon::prelude::*;
 use rlx_ir::{Activation, BinaryOp, DType, Graph, Node, NodeId, Op, ReduceOp, Shape};
@@ -561,7 +562,14 @@ impl FusedPlan {
 
     /// Run the segment: `ins` are the boundary inputs in order, `outs` the
     /// boundary outputs in order. Errors carry the failing parent node.
-    pub fn run(&mut self, ins: &[In<'_>], outs: Vec<Out<'_>>) -> Result<(), (NodeId, String)> {
+    /// `packed[i]`, where present, is boundary input `i` packed for
+    /// [`gemm_packed`] (a weight), used by the matmuls that read it.
+    pub fn run(
+        &mut self,
+        ins: &[In<'_>],
+        packed: &[Option<&PackedB>],
+        outs: Vec<Out<'_>>,
+    ) -> Result<(), (NodeId, String)> {
         let first = self.ops.first().map(|o| o.0).unwrap_or(NodeId(0));
         let mut outs: Vec<&mut [f32]> = outs
             .into_iter()
@@ -595,7 +603,7 @@ impl FusedPlan {
                 taken.unwrap_or_else(|| this.slots.iter().map(|&w| vec![0f32; w * cr]).collect());
             let res = (|| {
                 for (node, op) in &this.ops {
-                    run_fop(op, ins, &mut bufs, r0, nr, serial).map_err(|m| (*node, m))?;
+                    run_fop(op, ins, packed, &mut bufs, r0, nr, serial).map_err(|m| (*node, m))?;
                 }
                 for (part, v) in parts.iter_mut().zip(&this.outputs) {
                     for r in 0..nr {
@@ -729,6 +737,7 @@ fn rowf<'a>(
 fn run_fop(
     op: &FOp,
     ins: &[In<'_>],
+    packed: &[Option<&PackedB>],
     bufs: &mut [Vec<f32>],
     r0: usize,
     nr: usize,
@@ -755,6 +764,35 @@ fn run_fop(
                 }
             };
             let lda = if a.map == RowMap::Const { 0 } else { a.stride };
+            let pb = packed
+                .get(w)
+                .copied()
+                .flatten()
+                .filter(|p| p.k() == k && p.n() == n);
+            if let Some(pb) = pb {
+                let b = match bias {
+                    Some(bv) => Some(rowf(&bv, ins, bufs, r0, 0)?.to_vec()),
+                    None => None,
+                };
+                let (nrows, lda) = if lda == 0 { (1, k) } else { (nr, lda) };
+                gemm_packed(
+                    nrows,
+                    &adata[off..],
+                    lda,
+                    pb,
+                    &mut o,
+                    n,
+                    b.as_deref(),
+                    act,
+                    parallel,
+                )
+                .map_err(|e| e.to_string())?;
+                for r in nrows..nr {
+                    o.copy_within(0..n, r * n);
+                }
+                bufs[out] = o;
+                return Ok(());
+            }
             let res = if lda == 0 {
                 (0..nr).try_for_each(|r| {
                     matmul::gemm(

@@ -10,7 +10,7 @@ mod arena;
 mod executor;
 mod fused;
 pub mod kernels;
-mod peak;
+pub mod peak;
 
 pub use executor::{CpuModel, CpuOptions, ProfileEntry};
 pub use fused::{FusedCompiler, FusedPlan};

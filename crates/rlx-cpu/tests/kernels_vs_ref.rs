@@ -205,7 +205,14 @@ fn norms_softmax_reduce_vs_ref() {
 #[test]
 fn attention_vs_ref() {
     let mut r = rng(4);
-    for (b, sq, sk, hq, hkv, d) in [(2, 3, 7, 4, 2, 8), (1, 5, 5, 2, 2, 13), (2, 6, 4, 2, 1, 4)] {
+    // The last two take the packed path (S_q >= 16), over several row blocks.
+    for (b, sq, sk, hq, hkv, d) in [
+        (2, 3, 7, 4, 2, 8),
+        (1, 5, 5, 2, 2, 13),
+        (2, 6, 4, 2, 1, 4),
+        (1, 16, 16, 2, 2, 20),
+        (2, 70, 90, 4, 2, 8),
+    ] {
         for kind in [
             MaskKind::None,
             MaskKind::Causal,

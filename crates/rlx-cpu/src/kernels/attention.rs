@@ -6,6 +6,7 @@
 //! `h / (Hq / Hkv)`; a query row whose keys are all masked outputs zeros.
 
 use super::matmul::gemm_strided;
+use super::packed_gemm::{gemm_packed_window, PackedB, NR};
 use super::simd::{self, simd_dispatch};
 use super::softmax::scale as scale_slice;
 use super::{bad_shape, need_len, num_threads, KernelError, PAR_MIN_ELEMS};
@@ -326,6 +327,149 @@ fn attend_block(
     Ok(())
 }
 
+/// Query rows per block of the packed path (a `64 x S_k` score tile).
+const PACKED_ROWS: usize = 64;
+/// Query rows per (batch, head) from which packing K and V pays off.
+const PACKED_MIN_ROWS: usize = 16;
+
+/// Per-thread buffers of the packed path, reused across calls.
+struct HeadScratch {
+    kt: PackedB,
+    v: PackedB,
+    scores: Vec<f32>,
+    out: Vec<f32>,
+}
+
+thread_local! {
+    static HEAD_SCRATCH: std::cell::RefCell<HeadScratch> = std::cell::RefCell::new(HeadScratch {
+        kt: PackedB::empty(),
+        v: PackedB::empty(),
+        scores: Vec::new(),
+        out: Vec::new(),
+    });
+}
+
+/// The output's base pointer, shared by (batch, head) tasks that write
+/// disjoint column stripes.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32);
+// SAFETY: only used by `attention_packed`, whose tasks write disjoint
+// elements of one exclusively borrowed slice.
+unsafe impl Send for SharedOut {}
+// SAFETY: as above.
+unsafe impl Sync for SharedOut {}
+
+/// One (batch, head): pack this head's `K^T` and `V` once (keys up to the
+/// last visible one), then per block of query rows: scores against the
+/// visible key window, probabilities, times V.
+///
+/// # Safety
+/// `out` points at an output buffer validated for `p`, and no other task
+/// writes head `h` of batch `b`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_head_packed(
+    p: &AttentionParams,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: &AttnMask<'_>,
+    b: usize,
+    h: usize,
+    out: SharedOut,
+) -> Result<(), KernelError> {
+    let (d, sq, sk) = (p.head_dim, p.seq_q, p.seq_k);
+    let hk = h / (p.num_heads / p.num_kv_heads);
+    let klo = key_range(p.mask_kind, 0, sq, sk).0;
+    let mut khi = key_range(p.mask_kind, sq - 1, sq, sk).1;
+    let last_kept =
+        |keep: &dyn Fn(usize) -> bool| (klo..khi).rev().find(|&j| keep(j)).map_or(klo, |j| j + 1);
+    match *mask {
+        AttnMask::KeepF32(m) => khi = last_kept(&|j| m[b * sk + j] != 0.0),
+        AttnMask::KeepU8(m) => khi = last_kept(&|j| m[b * sk + j] != 0),
+        _ => {}
+    }
+    HEAD_SCRATCH.with(|cell| {
+        let s = &mut *cell.borrow_mut();
+        s.out.clear();
+        s.out.resize(sq * d, 0.0);
+        if klo < khi {
+            let ko = b * sk * p.k_row_stride + hk * d;
+            let vo = b * sk * p.v_row_stride + hk * d;
+            s.kt.repack_strided(&k[ko..], d, khi, 1, p.k_row_stride)?;
+            s.v.repack_strided(&v[vo..], khi, d, p.v_row_stride, 1)?;
+            let mut i0 = 0;
+            while i0 < sq {
+                let rows = PACKED_ROWS.min(sq - i0);
+                let lo = key_range(p.mask_kind, i0, sq, sk).0;
+                let hi = key_range(p.mask_kind, i0 + rows - 1, sq, sk).1.min(khi);
+                if lo < hi {
+                    let col0 = lo / NR * NR;
+                    let nk = hi - col0;
+                    s.scores.clear();
+                    s.scores.resize(rows * nk, 0.0);
+                    let qo = (b * sq + i0) * p.q_row_stride + h * d;
+                    let qs = &q[qo..];
+                    gemm_packed_window(
+                        rows,
+                        qs,
+                        p.q_row_stride,
+                        &s.kt,
+                        (0, d),
+                        (col0, nk),
+                        &mut s.scores,
+                        nk,
+                    )?;
+                    probs_rows(p, mask, &mut s.scores, nk, b, h, i0, col0);
+                    gemm_packed_window(
+                        rows,
+                        &s.scores,
+                        nk,
+                        &s.v,
+                        (col0, col0 + nk),
+                        (0, d),
+                        &mut s.out[i0 * d..],
+                        d,
+                    )?;
+                }
+                i0 += rows;
+            }
+        }
+        for i in 0..sq {
+            let src = &s.out[i * d..(i + 1) * d];
+            let dst = out.0.add((b * sq + i) * p.out_row_stride + h * d);
+            // SAFETY: row (b, i), head h of the validated output: inside
+            // the buffer, and written by this task alone.
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, d);
+        }
+        Ok(())
+    })
+}
+
+/// Attention with K and V packed once per (batch, head), one task each.
+fn attention_packed(
+    p: &AttentionParams,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: &AttnMask<'_>,
+    out: &mut [f32],
+    parallel: bool,
+) -> Result<(), KernelError> {
+    let tasks = p.batch * p.num_heads;
+    let ptr = SharedOut(out.as_mut_ptr());
+    let run = |t: usize| {
+        // SAFETY: `out` was validated for `p` by the caller, and task t is
+        // the only one writing (batch t / H, head t % H).
+        unsafe { attend_head_packed(p, q, k, v, mask, t / p.num_heads, t % p.num_heads, ptr) }
+    };
+    if parallel && tasks > 1 && num_threads() > 1 {
+        use rayon::prelude::*;
+        (0..tasks).into_par_iter().try_for_each(run)
+    } else {
+        (0..tasks).try_for_each(run)
+    }
+}
+
 /// Attention over all `(b, s_q)` rows and heads. `q[(b*S_q + s) *
 /// q_row_stride + h*D + e]` is element `e` of head `h` of query `(b, s)`;
 /// k, v and out are addressed the same way with their own strides.
@@ -349,6 +493,9 @@ pub fn attention(
     let ors = p.out_row_stride;
     let need = span(rows, ors, p.num_heads * p.head_dim);
     let out = &mut out[..need];
+    if p.seq_q >= PACKED_MIN_ROWS {
+        return attention_packed(p, q, k, v, &mask, out, parallel);
+    }
     let sq = p.seq_q;
     // Row blocks never cross a batch; enough blocks to feed every thread.
     let threads = if parallel { num_threads() } else { 1 };

@@ -12,6 +12,7 @@ pub mod elementwise;
 pub mod matmul;
 pub mod movement;
 pub mod norm;
+pub mod packed_gemm;
 pub mod quant;
 pub mod quant_q8;
 pub mod recurrent;
@@ -371,6 +372,53 @@ macro_rules! same_kind {
             }),
         }
     };
+}
+
+/// [`run_op`] for `MatMul` / `FusedMatMulBiasAct` whose 2-D right-hand side
+/// is also available packed (`packed` must hold the same values as
+/// `inputs[1]`). Validates exactly as [`run_op`] does.
+pub fn run_matmul_packed(
+    op: &Op,
+    inputs: &[In<'_>],
+    in_shapes: &[&Shape],
+    packed: &packed_gemm::PackedB,
+    mut out: Out<'_>,
+    out_shape: &Shape,
+) -> Result<(), KernelError> {
+    let name = op.name();
+    let act = match op {
+        Op::MatMul => None,
+        Op::FusedMatMulBiasAct { activation } => *activation,
+        _ => return Err(bad_shape(name, "not a matmul")),
+    };
+    check_inputs(op, inputs, in_shapes)?;
+    check_output(op, &out, out_shape)?;
+    let (a_dims, b_dims) = (&in_shapes[0].dims, &in_shapes[1].dims);
+    let k = *a_dims.last().unwrap_or(&0);
+    let mut want = a_dims.clone();
+    if let Some(last) = want.last_mut() {
+        *last = packed.n();
+    }
+    if b_dims.as_slice() != [packed.k(), packed.n()] || k != packed.k() || want != out_shape.dims {
+        return Err(bad_shape(
+            name,
+            format!(
+                "{} x {} (packed [{}, {}]) does not give {out_shape}",
+                in_shapes[0],
+                in_shapes[1],
+                packed.k(),
+                packed.n()
+            ),
+        ));
+    }
+    let a = f32_in(name, &inputs[0], 0)?;
+    let bias = match op {
+        Op::FusedMatMulBiasAct { .. } => Some(f32_in(name, &inputs[2], 2)?),
+        _ => None,
+    };
+    let o = f32_out(name, &mut out)?;
+    let m = a_dims[..a_dims.len().saturating_sub(1)].iter().product();
+    packed_gemm::gemm_packed(m, a, k, packed, o, packed.n(), bias, act, true)
 }
 
 /// Run one op. `inputs[i]` has shape `in_shapes[i]`; `out` has `out_shape`.

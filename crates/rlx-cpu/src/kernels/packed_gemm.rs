@@ -1,0 +1,756 @@
+//! f32 GEMM against a right-hand side packed once: `C = A x B (+ bias, act)`.
+//!
+//! Weights are constants, so packing them on every call (what a general
+//! GEMM must do) is wasted memory traffic. [`PackedB`] stores `B [k, n]` as
+//! column panels of [`NR`] = 16 floats, each panel `k` rows deep and
+//! 64-byte aligned, so the micro-kernel streams one cache line per `k` step.
+//! A is read in place (row-major with any row stride): the kernel broadcasts
+//! one element per row, so packing A would buy nothing at the sizes of
+//! transformer layers.
+//!
+//! Blocking follows the usual three levels: a `KC x 16` panel slice stays in
+//! L1 while every 6-row tile of an `MC`-row block of A streams past it, and
+//! that `MC x KC` block of A stays in L2 while the panels of one task go by.
+//! Work is split into (panel group, row block) tasks ordered panel-group
+//! major, so with two threads each thread owns half of the weight's columns
+//! and reads the whole of A; with many rows the row blocks interleave.
+//!
+//! The bias and activation epilogue runs on each finished tile while it is
+//! still in L1.
+
+use super::elementwise::apply_activation;
+use super::{bad_shape, need_len, num_threads, KernelError};
+use rayon::prelude::*;
+use rlx_ir::Activation;
+
+const OP: &str = "MatMul";
+
+/// Columns per packed panel (two AVX2 vectors).
+pub const NR: usize = 16;
+/// Rows per micro-tile.
+const MR: usize = 6;
+/// Depth of one K block.
+const KC: usize = 256;
+/// Rows per task (a multiple of MR).
+const MC: usize = 96;
+/// Panels per task.
+const PANELS_PER_TASK: usize = 8;
+/// Below this many multiply-adds one thread does the whole product.
+const PAR_MIN_MACS: usize = 1 << 17;
+
+/// One 16-float panel row, aligned to a cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct PanelRow([f32; NR]);
+
+/// A `[k, n]` right-hand side packed for [`gemm_packed`].
+#[derive(Clone)]
+pub struct PackedB {
+    k: usize,
+    n: usize,
+    /// `rows[panel * k + p]` holds `B[p, panel * 16 .. panel * 16 + 16]`,
+    /// zero past column `n`.
+    rows: Vec<PanelRow>,
+}
+
+impl std::fmt::Debug for PackedB {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedB [{}, {}]", self.k, self.n)
+    }
+}
+
+impl PackedB {
+    /// Pack a row-major `[k, n]` matrix with row stride `ldb`.
+    pub fn pack(b: &[f32], k: usize, n: usize, ldb: usize) -> Result<PackedB, KernelError> {
+        if ldb < n {
+            return Err(bad_shape(OP, format!("B row stride {ldb} < n {n}")));
+        }
+        let mut packed = PackedB {
+            k: 0,
+            n: 0,
+            rows: Vec::new(),
+        };
+        packed.repack_strided(b, k, n, ldb, 1)?;
+        Ok(packed)
+    }
+
+    /// Re-fill with `B[p, j] = b[p * rs + j * cs]` (`k x n`), reusing the
+    /// allocation: e.g. `K^T` of one attention head is `rs = 1`, `cs` = the
+    /// key row stride.
+    pub fn repack_strided(
+        &mut self,
+        b: &[f32],
+        k: usize,
+        n: usize,
+        rs: usize,
+        cs: usize,
+    ) -> Result<(), KernelError> {
+        if k > 0 && n > 0 {
+            let last = (k - 1)
+                .checked_mul(rs)
+                .and_then(|x| x.checked_add((n - 1).checked_mul(cs)?))
+                .ok_or_else(|| bad_shape(OP, "B extent overflows"))?;
+            need_len(OP, "B", b.len(), last + 1)?;
+        }
+        let panels = n.div_ceil(NR);
+        self.k = k;
+        self.n = n;
+        self.rows.clear();
+        self.rows.resize(panels * k, PanelRow([0.0; NR]));
+        for panel in 0..panels {
+            let j0 = panel * NR;
+            let w = NR.min(n - j0);
+            for p in 0..k {
+                let dst = &mut self.rows[panel * k + p].0[..w];
+                if cs == 1 {
+                    dst.copy_from_slice(&b[p * rs + j0..p * rs + j0 + w]);
+                } else {
+                    for (j, x) in dst.iter_mut().enumerate() {
+                        *x = b[p * rs + (j0 + j) * cs];
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// An empty packing to [`Self::repack_strided`] into.
+    pub fn empty() -> PackedB {
+        PackedB {
+            k: 0,
+            n: 0,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Rows of B (the shared dimension).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Columns of B.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Bytes held by the packed copy.
+    pub fn bytes(&self) -> usize {
+        self.rows.len() * std::mem::size_of::<PanelRow>()
+    }
+
+    fn panel(&self, panel: usize) -> &[PanelRow] {
+        &self.rows[panel * self.k..(panel + 1) * self.k]
+    }
+}
+
+/// Which micro-kernel runs: chosen from the CPU at run time, or forced (tests).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// The best the CPU supports.
+    Auto,
+    /// Portable Rust, same blocking and summation order per element.
+    Scalar,
+}
+
+/// `C[m, n] = A[m, k] x B (+ bias) (then act)`, A row-major with row stride
+/// `lda`, C row-major with row stride `ldc`. C's old contents are never read.
+/// `parallel` lets the product use the rayon pool.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+    parallel: bool,
+) -> Result<(), KernelError> {
+    gemm_packed_with(Kernel::Auto, m, a, lda, b, c, ldc, bias, act, parallel)
+}
+
+/// [`gemm_packed`] with the micro-kernel chosen by the caller.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_with(
+    kernel: Kernel,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+    parallel: bool,
+) -> Result<(), KernelError> {
+    let (k, n) = (b.k, b.n);
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if ldc < n {
+        return Err(bad_shape(OP, format!("C row stride {ldc} < n {n}")));
+    }
+    if lda < k {
+        return Err(bad_shape(OP, format!("A row stride {lda} < k {k}")));
+    }
+    need_len(OP, "C", c.len(), (m - 1) * ldc + n)?;
+    if k > 0 {
+        need_len(OP, "A", a.len(), (m - 1) * lda + k)?;
+    }
+    if let Some(bias) = bias {
+        if bias.len() != n {
+            return Err(bad_shape(
+                OP,
+                format!("bias has {} elements, expected n = {n}", bias.len()),
+            ));
+        }
+    }
+    let avx2 = kernel == Kernel::Auto && has_avx2_fma();
+    let panels = n.div_ceil(NR);
+    let groups = panels.div_ceil(PANELS_PER_TASK);
+    let row_blocks = m.div_ceil(MC);
+    let tasks = groups * row_blocks;
+    let cptr = SharedC(c.as_mut_ptr());
+    let job = Job {
+        m,
+        k,
+        k0: 0,
+        pan0: 0,
+        n,
+        a,
+        lda,
+        b,
+        ldc,
+        bias,
+        act,
+        avx2,
+    };
+    let run = |t: usize| {
+        let (g, rb) = (t / row_blocks, t % row_blocks);
+        let p0 = g * PANELS_PER_TASK;
+        let p1 = (p0 + PANELS_PER_TASK).min(panels);
+        let r0 = rb * MC;
+        let r1 = (r0 + MC).min(m);
+        // SAFETY: tasks cover disjoint (row range, column range) rectangles
+        // of C, all inside the extent checked above, so no two threads
+        // write the same element and nothing else borrows `c` meanwhile.
+        unsafe { job.block(cptr, r0, r1, p0, p1) };
+    };
+    if parallel && tasks > 1 && num_threads() > 1 && m * n * k.max(1) >= PAR_MIN_MACS {
+        (0..tasks).into_par_iter().for_each(run);
+    } else {
+        (0..tasks).for_each(run);
+    }
+    Ok(())
+}
+
+/// Serial product against a window of a packed B:
+/// `C[m, cols] = A[m, k1 - k0] x B[k0..k1, col0..col0 + cols]`, where
+/// `col0` is a multiple of [`NR`] and C's row stride is `ldc`. Attention uses
+/// it to read only the visible keys of a head packed once.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_window(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    (k0, k1): (usize, usize),
+    (col0, cols): (usize, usize),
+    c: &mut [f32],
+    ldc: usize,
+) -> Result<(), KernelError> {
+    if k0 > k1 || k1 > b.k || col0 % NR != 0 || col0 + cols > b.n {
+        return Err(bad_shape(
+            OP,
+            format!(
+                "window rows {k0}..{k1}, columns {col0}+{cols} outside packed [{}, {}]",
+                b.k, b.n
+            ),
+        ));
+    }
+    let k = k1 - k0;
+    if m == 0 || cols == 0 {
+        return Ok(());
+    }
+    if ldc < cols || lda < k {
+        return Err(bad_shape(
+            OP,
+            format!("row strides A {lda} / C {ldc} below k {k} / columns {cols}"),
+        ));
+    }
+    need_len(OP, "C", c.len(), (m - 1) * ldc + cols)?;
+    if k > 0 {
+        need_len(OP, "A", a.len(), (m - 1) * lda + k)?;
+    }
+    let job = Job {
+        m,
+        k,
+        k0,
+        pan0: col0 / NR,
+        n: cols,
+        a,
+        lda,
+        b,
+        ldc,
+        bias: None,
+        act: None,
+        avx2: has_avx2_fma(),
+    };
+    // SAFETY: one task covering all of C, whose extent is checked above and
+    // which the `&mut` borrow makes exclusive.
+    unsafe { job.block(SharedC(c.as_mut_ptr()), 0, m, 0, cols.div_ceil(NR)) };
+    Ok(())
+}
+
+/// C's base pointer, shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct SharedC(*mut f32);
+// SAFETY: only used by `gemm_packed_with`, whose tasks write disjoint
+// elements of one exclusively borrowed slice.
+unsafe impl Send for SharedC {}
+// SAFETY: as above.
+unsafe impl Sync for SharedC {}
+
+struct Job<'a> {
+    m: usize,
+    /// Depth of the product: B rows `k0..k0 + k`.
+    k: usize,
+    k0: usize,
+    /// C column 0 is B column `pan0 * NR`.
+    pan0: usize,
+    /// Columns of C.
+    n: usize,
+    a: &'a [f32],
+    lda: usize,
+    b: &'a PackedB,
+    ldc: usize,
+    bias: Option<&'a [f32]>,
+    act: Option<Activation>,
+    avx2: bool,
+}
+
+impl Job<'_> {
+    /// Rows `r0..r1` by panels `p0..p1` of C.
+    ///
+    /// # Safety
+    /// `c` points at a C of the extent checked by `gemm_packed_with`, and no
+    /// other thread touches this rectangle while the call runs.
+    unsafe fn block(&self, c: SharedC, r0: usize, r1: usize, p0: usize, p1: usize) {
+        let k = self.k;
+        debug_assert!(r1 <= self.m);
+        if k == 0 {
+            for panel in p0..p1 {
+                let cols = NR.min(self.n - panel * NR);
+                for r in r0..r1 {
+                    let cp = c.0.add(r * self.ldc + panel * NR);
+                    std::slice::from_raw_parts_mut(cp, cols).fill(0.0);
+                    self.finish_tile(cp, 1, cols, panel);
+                }
+            }
+            return;
+        }
+        // K blocks of near-equal depth (no thin last block); a depth up to
+        // 1.5 KC stays one block.
+        let blocks = if k <= KC * 3 / 2 { 1 } else { k.div_ceil(KC) };
+        let step = k.div_ceil(blocks);
+        let mut pc = 0;
+        while pc < k {
+            let kc = step.min(k - pc);
+            let first = pc == 0;
+            let last = pc + kc == k;
+            for panel in p0..p1 {
+                let bp = self.b.panel(self.pan0 + panel)[self.k0 + pc..self.k0 + pc + kc].as_ptr()
+                    as *const f32;
+                let cols = NR.min(self.n - panel * NR);
+                let mut r = r0;
+                while r < r1 {
+                    let rows = MR.min(r1 - r);
+                    let ap = self.a.as_ptr().add(r * self.lda + pc);
+                    let cp = c.0.add(r * self.ldc + panel * NR);
+                    self.tile(rows, kc, ap, bp, cp, cols, !first);
+                    if last {
+                        self.finish_tile(cp, rows, cols, panel);
+                    }
+                    r += rows;
+                }
+            }
+            pc += kc;
+        }
+    }
+
+    /// Bias and activation on a finished `rows x cols` tile at `cp`.
+    ///
+    /// # Safety
+    /// `cp` addresses `rows` rows of `cols` floats with stride `ldc`, owned
+    /// by the caller's task.
+    unsafe fn finish_tile(&self, cp: *mut f32, rows: usize, cols: usize, panel: usize) {
+        if self.bias.is_none() && self.act.is_none() {
+            return;
+        }
+        for r in 0..rows {
+            let row = std::slice::from_raw_parts_mut(cp.add(r * self.ldc), cols);
+            if let Some(bias) = self.bias {
+                for (x, b) in row.iter_mut().zip(&bias[panel * NR..panel * NR + cols]) {
+                    *x += b;
+                }
+            }
+            if let Some(act) = self.act {
+                apply_activation(act, row);
+            }
+        }
+    }
+
+    /// One micro-tile: `C[rows, cols] (+)= A[rows, kc] x Bpanel[kc, 16]`.
+    ///
+    /// # Safety
+    /// `ap` addresses `rows` rows of `kc` floats with stride `lda`; `bp`
+    /// addresses `kc` aligned panel rows; `cp` addresses `rows` rows of
+    /// `cols <= 16` floats with stride `ldc`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile(
+        &self,
+        rows: usize,
+        kc: usize,
+        ap: *const f32,
+        bp: *const f32,
+        cp: *mut f32,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            let f = match rows {
+                1 => avx2::tile::<1>,
+                2 => avx2::tile::<2>,
+                3 => avx2::tile::<3>,
+                4 => avx2::tile::<4>,
+                5 => avx2::tile::<5>,
+                _ => avx2::tile::<6>,
+            };
+            return f(kc, ap, self.lda, bp, cp, self.ldc, cols, accumulate);
+        }
+        scalar_tile(rows, kc, ap, self.lda, bp, cp, self.ldc, cols, accumulate);
+    }
+}
+
+/// Portable micro-kernel with the same per-element summation order as the
+/// AVX2 one (p ascending, one fused multiply-add per step).
+///
+/// # Safety
+/// As [`Job::tile`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn scalar_tile(
+    rows: usize,
+    kc: usize,
+    ap: *const f32,
+    lda: usize,
+    bp: *const f32,
+    cp: *mut f32,
+    ldc: usize,
+    cols: usize,
+    accumulate: bool,
+) {
+    for r in 0..rows {
+        let mut acc = [0f32; NR];
+        for p in 0..kc {
+            let av = *ap.add(r * lda + p);
+            let brow = bp.add(p * NR);
+            for (j, x) in acc.iter_mut().enumerate() {
+                *x = av.mul_add(*brow.add(j), *x);
+            }
+        }
+        let crow = cp.add(r * ldc);
+        for (j, x) in acc.iter().enumerate().take(cols) {
+            let dst = crow.add(j);
+            *dst = if accumulate { *dst + x } else { *x };
+        }
+    }
+}
+
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::NR;
+    use std::arch::x86_64::*;
+
+    /// `R x 16` micro-kernel: 2R accumulators, two panel loads and R
+    /// broadcasts per k step.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 and FMA (checked by the caller), and the
+    /// pointers satisfy [`super::Job::tile`]'s contract.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn tile<const R: usize>(
+        kc: usize,
+        ap: *const f32,
+        lda: usize,
+        bp: *const f32,
+        cp: *mut f32,
+        ldc: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let mut arow = [ap; R];
+        for (r, p) in arow.iter_mut().enumerate() {
+            *p = ap.add(r * lda);
+        }
+        let mut b = bp;
+        for _ in 0..kc {
+            let b0 = _mm256_load_ps(b);
+            let b1 = _mm256_load_ps(b.add(8));
+            for r in 0..R {
+                let av = _mm256_broadcast_ss(&*arow[r]);
+                acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+                arow[r] = arow[r].add(1);
+            }
+            b = b.add(NR);
+        }
+        if cols == NR {
+            for (r, a) in acc.iter().enumerate() {
+                let c = cp.add(r * ldc);
+                let (mut v0, mut v1) = (a[0], a[1]);
+                if accumulate {
+                    v0 = _mm256_add_ps(v0, _mm256_loadu_ps(c));
+                    v1 = _mm256_add_ps(v1, _mm256_loadu_ps(c.add(8)));
+                }
+                _mm256_storeu_ps(c, v0);
+                _mm256_storeu_ps(c.add(8), v1);
+            }
+        } else {
+            let mut buf = [0f32; NR];
+            for (r, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(buf.as_mut_ptr(), a[0]);
+                _mm256_storeu_ps(buf.as_mut_ptr().add(8), a[1]);
+                let c = cp.add(r * ldc);
+                for (j, x) in buf.iter().enumerate().take(cols) {
+                    let dst = c.add(j);
+                    *dst = if accumulate { *dst + x } else { *x };
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(m: usize, k: usize, n: usize, a: &[f32], lda: usize, b: &[f32]) -> Vec<f64> {
+        let mut c = vec![0f64; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k)
+                    .map(|p| a[i * lda + p] as f64 * b[p * n + j] as f64)
+                    .sum();
+            }
+        }
+        c
+    }
+
+    fn fill(len: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn check(kernel: Kernel, m: usize, k: usize, n: usize, lda: usize, parallel: bool) {
+        let a = fill(m * lda, 1 + m as u32);
+        let b = fill(k * n, 7 + n as u32);
+        let bias = fill(n, 3);
+        let packed = PackedB::pack(&b, k, n, n).unwrap();
+        let ldc = n + 3;
+        let mut c = vec![f32::NAN; m * ldc];
+        gemm_packed_with(
+            kernel,
+            m,
+            &a,
+            lda,
+            &packed,
+            &mut c,
+            ldc,
+            Some(&bias),
+            None,
+            parallel,
+        )
+        .unwrap();
+        let want = naive(m, k, n, &a, lda, &b);
+        for i in 0..m {
+            for j in 0..n {
+                let w = want[i * n + j] + bias[j] as f64;
+                let got = c[i * ldc + j] as f64;
+                assert!(
+                    (got - w).abs() <= 1e-4 * (1.0 + w.abs()) * (k as f64).sqrt(),
+                    "{kernel:?} m{m} k{k} n{n} at ({i},{j}): {got} vs {w}"
+                );
+            }
+            assert!(c[i * ldc + n..(i + 1) * ldc].iter().all(|x| x.is_nan()));
+        }
+    }
+
+    #[test]
+    fn matches_naive_on_edge_sizes() {
+        for kernel in [Kernel::Auto, Kernel::Scalar] {
+            for &(m, k, n) in &[
+                (1, 1, 1),
+                (1, 7, 17),
+                (5, 13, 15),
+                (6, 16, 16),
+                (7, 33, 31),
+                (13, 300, 40),
+                (97, 385, 130),
+                (200, 600, 48),
+                (3, 0, 5),
+            ] {
+                check(kernel, m, k, n, k + 2, false);
+                check(kernel, m, k, n, k, true);
+            }
+        }
+    }
+
+    #[test]
+    fn avx2_and_scalar_agree_closely() {
+        let (m, k, n) = (50, 777, 70);
+        let a = fill(m * k, 9);
+        let b = fill(k * n, 10);
+        let packed = PackedB::pack(&b, k, n, n).unwrap();
+        let mut c1 = vec![0f32; m * n];
+        let mut c2 = vec![0f32; m * n];
+        gemm_packed_with(
+            Kernel::Auto,
+            m,
+            &a,
+            k,
+            &packed,
+            &mut c1,
+            n,
+            None,
+            None,
+            true,
+        )
+        .unwrap();
+        gemm_packed_with(
+            Kernel::Scalar,
+            m,
+            &a,
+            k,
+            &packed,
+            &mut c2,
+            n,
+            None,
+            None,
+            false,
+        )
+        .unwrap();
+        // Same order of fused multiply-adds per element: bit-identical.
+        assert_eq!(c1, c2);
+    }
+
+    #[test]
+    fn activation_epilogue_applies_after_bias() {
+        let (m, k, n) = (9, 20, 35);
+        let a = fill(m * k, 4);
+        let b = fill(k * n, 5);
+        let bias = fill(n, 6);
+        let packed = PackedB::pack(&b, k, n, n).unwrap();
+        let mut c = vec![0f32; m * n];
+        gemm_packed(
+            m,
+            &a,
+            k,
+            &packed,
+            &mut c,
+            n,
+            Some(&bias),
+            Some(Activation::Relu),
+            true,
+        )
+        .unwrap();
+        let want = naive(m, k, n, &a, k, &b);
+        for i in 0..m {
+            for j in 0..n {
+                let w = (want[i * n + j] + bias[j] as f64).max(0.0);
+                assert!((c[i * n + j] as f64 - w).abs() < 1e-4, "({i},{j})");
+            }
+        }
+    }
+
+    #[test]
+    fn window_of_a_strided_packing_matches_naive() {
+        // B = K^T for K [n=40 keys, k=24 dims] with key row stride 30.
+        let (keys, dims, ks) = (40, 24, 30);
+        let kmat = fill(keys * ks, 11);
+        let mut packed = PackedB::empty();
+        packed.repack_strided(&kmat, dims, keys, 1, ks).unwrap();
+        let m = 7;
+        let a = fill(m * dims, 12);
+        // Keys 16..37, dims 3..20.
+        let (k0, k1, col0, cols) = (3, 20, 16, 21);
+        let mut c = vec![f32::NAN; m * cols];
+        gemm_packed_window(
+            m,
+            &a[k0..],
+            dims,
+            &packed,
+            (k0, k1),
+            (col0, cols),
+            &mut c,
+            cols,
+        )
+        .unwrap();
+        for i in 0..m {
+            for j in 0..cols {
+                let want: f64 = (k0..k1)
+                    .map(|p| a[i * dims + p] as f64 * kmat[(col0 + j) * ks + p] as f64)
+                    .sum();
+                assert!((c[i * cols + j] as f64 - want).abs() < 1e-4, "({i},{j})");
+            }
+        }
+        let bad = gemm_packed_window(m, &a, dims, &packed, (0, 25), (0, 8), &mut c, cols);
+        assert!(bad.is_err());
+        let bad = gemm_packed_window(m, &a, dims, &packed, (0, 5), (8, 8), &mut c, cols);
+        assert!(bad.is_err());
+    }
+
+    #[test]
+    fn bad_strides_and_lengths_are_errors() {
+        let packed = PackedB::pack(&[1.0; 12], 3, 4, 4).unwrap();
+        let mut c = vec![0f32; 8];
+        assert!(gemm_packed(2, &[0.0; 6], 2, &packed, &mut c, 4, None, None, false).is_err());
+        assert!(gemm_packed(2, &[0.0; 6], 3, &packed, &mut c, 3, None, None, false).is_err());
+        assert!(gemm_packed(3, &[0.0; 9], 3, &packed, &mut c, 4, None, None, false).is_err());
+        assert!(gemm_packed(
+            2,
+            &[0.0; 6],
+            3,
+            &packed,
+            &mut c,
+            4,
+            Some(&[0.0; 3]),
+            None,
+            false
+        )
+        .is_err());
+        assert!(PackedB::pack(&[1.0; 11], 3, 4, 4).is_err());
+        assert!(PackedB::pack(&[1.0; 12], 3, 4, 3).is_err());
+    }
+}
