@@ -71,6 +71,11 @@ pub fn default_minilm() -> PathBuf {
     models_dir().join("all-minilm-l6-v2")
 }
 
+/// The fetched SmolLM2-135M-Instruct GGUF (Q4_1).
+pub fn default_smollm2() -> PathBuf {
+    models_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
 /// Run the fetch script for `which`.
 pub fn fetch(which: &str) -> Result<(), String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/fetch_models.py");

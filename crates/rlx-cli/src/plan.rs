@@ -14,9 +14,19 @@ use std::path::PathBuf;
 pub struct PlanArgs {
     /// `bert6` (the BERT-6 encoder, token outputs), `minilm` (the fetched
     /// model's full embedding graph), `gdn-hybrid` (GatedDeltaNet and
-    /// attention layers 3:1, synthetic dims) or a BERT model directory.
+    /// attention layers 3:1, synthetic dims), a BERT model directory, or a
+    /// llama-architecture `.gguf` file (`smollm2`: the fetched SmolLM2),
+    /// planned as its prefill graph of `--seq` tokens (`--seq 1`: the
+    /// decode graph).
     #[arg(long, default_value = "bert6")]
     model: String,
+    /// GGUF models: KV cache positions.
+    #[arg(long, default_value_t = 512)]
+    ctx: usize,
+    /// GGUF models: quantized matmuls round their activations to 8-bit
+    /// blocks (llama.cpp's arithmetic; looser numerics, faster).
+    #[arg(long)]
+    int8_activations: bool,
     /// Batch size.
     #[arg(long, default_value_t = 1)]
     batch: usize,
@@ -107,9 +117,45 @@ fn report_json(r: &PlanReport) -> serde_json::Value {
     })
 }
 
+/// The llama graph of a GGUF file: decode for `seq == 1`, else prefill.
+fn gguf_graph(a: &PlanArgs) -> Result<rlx::ir::Graph, String> {
+    use rlx::models::llama::{build_graph, LlamaConfig, LlamaWeights, Phase};
+    let path = if a.model == "smollm2" {
+        crate::default_smollm2()
+    } else {
+        PathBuf::from(&a.model)
+    };
+    let f = rlx::formats::GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let cfg = LlamaConfig::from_gguf(&f).map_err(|e| e.to_string())?;
+    let mut w = LlamaWeights::load(&f, &cfg).map_err(|e| e.to_string())?;
+    if a.int8_activations {
+        w.activations = rlx::ir::ActivationPrecision::Int8;
+    }
+    let phase = if a.seq > 1 {
+        Phase::Prefill { seq_len: a.seq }
+    } else {
+        Phase::Decode
+    };
+    build_graph(&w, phase, a.ctx).map_err(|e| e.to_string())
+}
+
+/// `DequantMatMul` nodes by activation precision, e.g. `{"int8": 91}`.
+fn dequant_activations(g: &rlx::ir::Graph) -> std::collections::BTreeMap<&'static str, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for n in g.nodes() {
+        if let rlx::ir::Op::DequantMatMul { activations, .. } = n.op {
+            *m.entry(activations.name()).or_insert(0) += 1;
+        }
+    }
+    m
+}
+
 /// Run `rlx plan`.
 pub fn run(a: PlanArgs) -> Result<(), String> {
-    let (g, passes) = if a.model == "gdn-hybrid" {
+    let gguf = a.model == "smollm2" || a.model.ends_with(".gguf");
+    let (g, passes) = if gguf {
+        (gguf_graph(&a)?, None)
+    } else if a.model == "gdn-hybrid" {
         use rlx::models::recurrent::{hybrid_graph, HybridConfig};
         let g = hybrid_graph(&HybridConfig::small(), a.batch, a.seq).map_err(|e| e.to_string())?;
         if a.no_opt {
@@ -138,6 +184,7 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
             "naive_bytes": mem.naive_bytes,
             "scratch_bytes": mem.scratch_bytes,
             "ops": ops,
+            "dequant_activations": dequant_activations(&g),
             "passes": passes.as_ref().map(|p| json!(p.passes)).unwrap_or(json!({})),
         });
         if let (Some(obj), serde_json::Value::Object(extra)) = (v.as_object_mut(), report_json(r)) {
@@ -185,6 +232,11 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
     );
     let ops: Vec<String> = ops.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("ops: {}", ops.join(" "));
+    let acts = dequant_activations(&g);
+    if !acts.is_empty() {
+        let acts: Vec<String> = acts.iter().map(|(k, v)| format!("{k} x{v}")).collect();
+        println!("DequantMatMul activations: {}", acts.join(", "));
+    }
     if let Some(p) = passes {
         for (pass, pats) in &p.passes {
             if !pats.is_empty() {
