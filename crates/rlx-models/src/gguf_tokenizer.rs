@@ -27,8 +27,14 @@ use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{AddedToken, Tokenizer};
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
+
+/// llama.cpp's `qwen2` pre-tokenizer regex (Qwen2/Qwen2.5 `tokenizer.json`):
+/// contractions, letter runs with one leading non-letter, single digits,
+/// punctuation runs, newlines, spaces.
+pub const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// GGUF metadata keys read by [`GgufTokenizer::from_gguf`].
 pub mod keys {
@@ -72,7 +78,7 @@ pub enum GgufTokenizerError {
     #[error(
         "unsupported pre-tokenizer `{pre}` in {key}: expected one of smollm, starcoder, refact, \
          command-r, codeshell, exaone, minerva (digits isolated + GPT-2 regex) or gpt2, default, \
-         mpt, olmo, jais (GPT-2 regex)"
+         mpt, olmo, jais (GPT-2 regex) or qwen2, deepseek-r1-qwen (Qwen2 regex)"
     )]
     UnsupportedPreTokenizer {
         /// Metadata key that was read.
@@ -194,6 +200,8 @@ pub enum PreTokenizerKind {
     DigitsThenGpt2,
     /// The GPT-2 regex alone (`gpt2`, `default`, ...).
     Gpt2,
+    /// [`QWEN2_REGEX`] (`qwen2`, `deepseek-r1-qwen`), then byte-level.
+    Qwen2,
 }
 
 impl PreTokenizerKind {
@@ -203,6 +211,7 @@ impl PreTokenizerKind {
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
             | "minerva-7b" | "minerva" => Some(PreTokenizerKind::DigitsThenGpt2),
             "gpt2" | "default" | "mpt" | "olmo" | "jais" => Some(PreTokenizerKind::Gpt2),
+            "qwen2" | "deepseek-r1-qwen" => Some(PreTokenizerKind::Qwen2),
             _ => None,
         }
     }
@@ -411,6 +420,16 @@ impl GgufTokenizer {
                 Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()
             }
             PreTokenizerKind::Gpt2 => byte_level.into(),
+            PreTokenizerKind::Qwen2 => {
+                let split = Split::new(
+                    SplitPattern::Regex(QWEN2_REGEX.into()),
+                    SplitDelimiterBehavior::Isolated,
+                    false,
+                )
+                .map_err(|e| backend(e.to_string()))?;
+                let bytes = ByteLevel::new(false, false, false);
+                Sequence::new(vec![split.into(), bytes.into()]).into()
+            }
         };
         inner.with_pre_tokenizer(Some(pre_tok));
         let specials: Vec<AddedToken> = tokens

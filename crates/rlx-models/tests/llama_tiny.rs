@@ -153,20 +153,29 @@ const LAYERS: usize = 2;
 const VOCAB: usize = 40;
 
 fn tiny(flaw: Flaw, name: &str) -> PathBuf {
+    tiny_arch("llama", flaw, name)
+}
+
+/// The tiny model under `arch`'s metadata keys. `qwen2` adds f32 biases to
+/// q/k/v and stores v as Q4_1 like q and k, so the three merge (biases
+/// included).
+fn tiny_arch(arch: &str, flaw: Flaw, name: &str) -> PathBuf {
     let mut rng = Rng(42);
     let mut g = Gguf::default();
+    let qwen2 = arch == "qwen2";
     g.kv_str(
         "general.architecture",
-        if flaw == Flaw::Arch { "gpt2" } else { "llama" },
+        if flaw == Flaw::Arch { "gpt2" } else { arch },
     );
-    g.kv_u32("llama.block_count", LAYERS as u32);
-    g.kv_u32("llama.embedding_length", D as u32);
-    g.kv_u32("llama.feed_forward_length", FF as u32);
-    g.kv_u32("llama.attention.head_count", HEADS as u32);
-    g.kv_u32("llama.attention.head_count_kv", KV_HEADS as u32);
-    g.kv_u32("llama.rope.dimension_count", (D / HEADS) as u32);
-    g.kv_f32("llama.rope.freq_base", 10000.0);
-    g.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5);
+    let key = |k: &str| format!("{arch}.{k}");
+    g.kv_u32(&key("block_count"), LAYERS as u32);
+    g.kv_u32(&key("embedding_length"), D as u32);
+    g.kv_u32(&key("feed_forward_length"), FF as u32);
+    g.kv_u32(&key("attention.head_count"), HEADS as u32);
+    g.kv_u32(&key("attention.head_count_kv"), KV_HEADS as u32);
+    g.kv_u32(&key("rope.dimension_count"), (D / HEADS) as u32);
+    g.kv_f32(&key("rope.freq_base"), if qwen2 { 1e6 } else { 10000.0 });
+    g.kv_f32(&key("attention.layer_norm_rms_epsilon"), 1e-5);
     let kv = KV_HEADS * D / HEADS;
     g.tensor(
         "token_embd.weight",
@@ -202,7 +211,16 @@ fn tiny(flaw: Flaw, name: &str) -> PathBuf {
             Q4_1,
             blocks(Q4_1, k_rows, D, &mut rng),
         );
-        g.tensor(&p("attn_v"), &[kv, D], Q8_0, blocks(Q8_0, kv, D, &mut rng));
+        let v_ty = if qwen2 { Q4_1 } else { Q8_0 };
+        g.tensor(&p("attn_v"), &[kv, D], v_ty, blocks(v_ty, kv, D, &mut rng));
+        if qwen2 {
+            for (part, n) in [("attn_q", D), ("attn_k", kv), ("attn_v", kv)] {
+                let b: Vec<f32> = (0..n)
+                    .map(|_| (rng.next() % 200) as f32 / 100.0 - 1.0)
+                    .collect();
+                g.tensor(&format!("blk.{l}.{part}.bias"), &[n], F32, f32_bytes(&b));
+            }
+        }
         g.tensor(
             &p("attn_output"),
             &[D, D],
@@ -337,6 +355,89 @@ fn tiny_model_matches_reference_interpreter() {
                 &got,
                 &want,
                 &format!("decode step {step} (hybrid {hybrid})"),
+            );
+        }
+    }
+}
+
+/// `qwen2`: biases on the merged q/k/v, NeoX rope, θ from `qwen2.*`;
+/// prefill and decode steps against the reference interpreter.
+#[test]
+fn tiny_qwen2_matches_reference_interpreter() {
+    let path = tiny_arch("qwen2", Flaw::None, "qwen2.gguf");
+    let f = GgufFile::open(&path).unwrap();
+    let cfg = LlamaConfig::from_gguf(&f).unwrap();
+    assert_eq!(cfg.arch, "qwen2");
+    assert_eq!(cfg.rope_style, rlx_ir::RopeStyle::NeoX);
+    assert_eq!(cfg.rope_theta, 1e6);
+    let w = LlamaWeights::load(&f, &cfg).unwrap();
+    assert!(w.tensors.contains_key("blk.0.attn_qkv.bias"));
+    assert!(!w.tensors.contains_key("blk.0.attn_q.bias"));
+    let unmerged = LlamaWeights::load_unmerged(&f, &cfg).unwrap();
+    assert!(unmerged.tensors.contains_key("blk.1.attn_k.bias"));
+    let ctx = 10;
+    let prompt = [5u32, 1, 33, 12];
+    for (w, hybrid) in [(&w, false), (&w, true), (&unmerged, false)] {
+        let opts = CpuOptions {
+            hybrid,
+            ..CpuOptions::default()
+        };
+        let mut m = LlamaModel::from_weights(w.clone(), ctx, opts).unwrap();
+        let got = m.prefill(&prompt).unwrap();
+        let g = build_graph(
+            w,
+            Phase::Prefill {
+                seq_len: prompt.len(),
+            },
+            ctx,
+        )
+        .unwrap();
+        let adds = g
+            .nodes()
+            .iter()
+            .filter(|n| matches!(n.op, Op::Binary(rlx_ir::BinaryOp::Add)))
+            .count();
+        // Two residual adds per layer, plus one bias add per biased linear.
+        let biased = if w.tensors.contains_key("blk.0.attn_qkv.bias") {
+            1
+        } else {
+            3
+        };
+        assert_eq!(adds, LAYERS * (2 + biased));
+        let kvd = cfg.kv_dim();
+        let mut caches = HashMap::new();
+        for l in 0..LAYERS {
+            let (k, v) = cache_names(l);
+            caches.insert(k, Tensor::f32(&[1, ctx, kvd], vec![0.0; ctx * kvd]));
+            caches.insert(v, Tensor::f32(&[1, ctx, kvd], vec![0.0; ctx * kvd]));
+        }
+        let ids: Vec<i64> = prompt.iter().map(|&i| i as i64).collect();
+        let inputs = [
+            ("ids", Tensor::i64(&[1, prompt.len()], ids)),
+            (
+                "pos",
+                Tensor::i64(&[prompt.len()], (0..prompt.len() as i64).collect()),
+            ),
+        ];
+        let (want, mut caches) = reference(&g, w, &inputs, &caches);
+        assert_close(&got, &want, &format!("qwen2 prefill (hybrid {hybrid})"));
+        let dg = build_graph(w, Phase::Decode, ctx).unwrap();
+        for (step, &id) in [9u32, 0].iter().enumerate() {
+            let p = prompt.len() + step;
+            let got = m.decode(id).unwrap();
+            let mut mask = vec![0.0f32; ctx];
+            mask[..=p].fill(1.0);
+            let inputs = [
+                ("ids", Tensor::i64(&[1, 1], vec![id as i64])),
+                ("pos", Tensor::i64(&[1], vec![p as i64])),
+                ("kv_mask", Tensor::f32(&[1, ctx], mask)),
+            ];
+            let (want, next) = reference(&dg, w, &inputs, &caches);
+            caches = next;
+            assert_close(
+                &got,
+                &want,
+                &format!("qwen2 decode {step} (hybrid {hybrid})"),
             );
         }
     }

@@ -2,27 +2,38 @@
 
 use super::LlamaError;
 use rlx_formats::GgufFile;
+use rlx_ir::RopeStyle;
+
+/// The `general.architecture` values this decoder runs: `llama`, and
+/// `qwen2` (the same block with biases on q/k/v and NeoX rope).
+pub const SUPPORTED_ARCHS: [&str; 2] = ["llama", "qwen2"];
 
 /// The shape of a Llama-family decoder.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaConfig {
-    /// Decoder blocks (`llama.block_count`).
+    /// `general.architecture` (`llama` or `qwen2`); the metadata keys below
+    /// are read under this prefix.
+    pub arch: String,
+    /// Rotary pairing: `GptJ` (adjacent pairs) for `llama`, whose GGUF
+    /// converters permute Q/K; `NeoX` (halves) for `qwen2`, as llama.cpp.
+    pub rope_style: RopeStyle,
+    /// Decoder blocks (`{arch}.block_count`).
     pub n_layers: usize,
-    /// Model width (`llama.embedding_length`).
+    /// Model width (`{arch}.embedding_length`).
     pub d_model: usize,
-    /// FFN width (`llama.feed_forward_length`).
+    /// FFN width (`{arch}.feed_forward_length`).
     pub d_ff: usize,
-    /// Query heads (`llama.attention.head_count`).
+    /// Query heads (`{arch}.attention.head_count`).
     pub n_heads: usize,
-    /// Key/value heads (`llama.attention.head_count_kv`, default `n_heads`).
+    /// Key/value heads (`{arch}.attention.head_count_kv`, default `n_heads`).
     pub n_kv_heads: usize,
     /// Dims per head (`d_model / n_heads`).
     pub head_dim: usize,
-    /// Rotated dims per head (`llama.rope.dimension_count`, default `head_dim`).
+    /// Rotated dims per head (`{arch}.rope.dimension_count`, default `head_dim`).
     pub n_rot: usize,
-    /// Rope base θ (`llama.rope.freq_base`, default 10000).
+    /// Rope base θ (`{arch}.rope.freq_base`, default 10000).
     pub rope_theta: f32,
-    /// RMSNorm epsilon (`llama.attention.layer_norm_rms_epsilon`, default 1e-5).
+    /// RMSNorm epsilon (`{arch}.attention.layer_norm_rms_epsilon`, default 1e-5).
     pub rms_eps: f32,
     /// Vocabulary size (rows of `token_embd.weight`).
     pub vocab: usize,
@@ -38,6 +49,8 @@ impl LlamaConfig {
     /// heads of 64, rope θ 1e5 over 64 dims, RMS eps 1e-5, vocab 49152.
     pub fn smollm2_135m() -> LlamaConfig {
         LlamaConfig {
+            arch: "llama".into(),
+            rope_style: RopeStyle::GptJ,
             n_layers: 30,
             d_model: 576,
             d_ff: 1536,
@@ -54,9 +67,11 @@ impl LlamaConfig {
     /// Read the config of an open GGUF file.
     pub fn from_gguf(f: &GgufFile) -> Result<LlamaConfig, LlamaError> {
         let arch = f.get_str("general.architecture")?.to_string();
-        if arch != "llama" {
-            return Err(LlamaError::UnsupportedArch { arch });
-        }
+        let rope_style = match arch.as_str() {
+            "llama" => RopeStyle::GptJ,
+            "qwen2" => RopeStyle::NeoX,
+            _ => return Err(LlamaError::UnsupportedArch { arch }),
+        };
         let key = |k: &str| format!("{arch}.{k}");
         let opt_usize = |k: &str| -> Result<Option<usize>, LlamaError> {
             match f.metadata(&key(k)) {
@@ -102,6 +117,8 @@ impl LlamaConfig {
             })?;
         let vocab = emb.n_rows();
         Ok(LlamaConfig {
+            arch,
+            rope_style,
             n_layers,
             d_model,
             d_ff,

@@ -17,7 +17,7 @@ pub enum LlamaError {
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     /// The file's `general.architecture` is not a Llama-family decoder.
-    #[error("unsupported architecture '{arch}' (expected 'llama')")]
+    #[error("unsupported architecture '{arch}' (expected 'llama' or 'qwen2')")]
     UnsupportedArch {
         /// The architecture named by the file.
         arch: String,

@@ -3,7 +3,8 @@
 //! Per block: `RmsNorm -> q/k/v -> Rope(q, k) -> CacheWrite(k, v) ->
 //! Attention -> o -> Add`, then `RmsNorm -> gate/up -> Silu(gate) * up ->
 //! down -> Add`; then the final `RmsNorm` and the head. Linear layers are
-//! `DequantMatMul` on packed weights (or `MatMul` on float weights), with
+//! `DequantMatMul` on packed weights (or `MatMul` on float weights, either
+//! followed by an `Add` of the bias where the weights have one), with
 //! the activation precision of [`LlamaWeights::activations`]. When
 //! the weights hold merged projections ([`LlamaWeights::merge_projections`]),
 //! q/k/v come from one `DequantMatMul` split with `Narrow`, and gate/up from
@@ -23,9 +24,9 @@
 //! (k after rope), updated in place by `CacheWrite`. The single output is the
 //! logits f32 `[1, 1, vocab]` of the last position.
 
-use super::weights::{gate_up_name, qkv_name, EMBED_TABLE};
+use super::weights::{bias_name, gate_up_name, qkv_name, EMBED_TABLE};
 use super::{Linear, LlamaError, LlamaWeights};
-use rlx_ir::{Activation, BinaryOp, DType, Graph, MaskKind, NodeId, Op, RopeStyle, Shape, Tensor};
+use rlx_ir::{Activation, BinaryOp, DType, Graph, MaskKind, NodeId, Op, Shape, Tensor};
 use std::collections::HashMap;
 
 /// Which graph to build.
@@ -80,7 +81,7 @@ impl Builder<'_> {
                 expected: "a loaded linear weight".into(),
             })?;
         let w = self.param(name)?;
-        Ok(match lin {
+        let y = match lin {
             Linear::Quant { scheme, .. } => self.g.push(
                 Op::DequantMatMul {
                     scheme,
@@ -89,7 +90,13 @@ impl Builder<'_> {
                 vec![x, w],
             )?,
             Linear::Dense { .. } => self.g.push(Op::MatMul, vec![x, w])?,
-        })
+        };
+        let bias = bias_name(name);
+        if !self.w.tensors.contains_key(&bias) {
+            return Ok(y);
+        }
+        let b = self.param(&bias)?;
+        Ok(self.g.push(Op::Binary(BinaryOp::Add), vec![y, b])?)
     }
 
     /// Columns `start..start + len` of the last axis (2) of a `[1, S, N]` value.
@@ -147,7 +154,7 @@ pub fn build_graph(
         head_dim: c.head_dim,
         n_rot: c.n_rot,
         theta: c.rope_theta,
-        style: RopeStyle::GptJ,
+        style: c.rope_style,
     };
     let kv_shape = Shape::f32(&[1, ctx_len, c.kv_dim()]);
     for l in 0..c.n_layers {

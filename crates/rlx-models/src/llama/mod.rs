@@ -2,7 +2,8 @@
 //! weights kept packed (quantized matmuls run as `DequantMatMul`), prefill
 //! and decode graphs sharing a KV cache, and a generation loop.
 //!
-//! - [`LlamaConfig`]: hyper-parameters read from `llama.*` metadata.
+//! - [`LlamaConfig`]: hyper-parameters read from `llama.*` (or `qwen2.*`)
+//!   metadata.
 //! - [`LlamaWeights`]: every tensor the graphs bind, loaded from the file.
 //! - [`build_graph`]: the prefill graph (`S` tokens at positions `0..S`) or
 //!   the decode graph (one token at position `p`, attending over the cache).
@@ -11,6 +12,9 @@
 //! Rope: GGUF converters permute the Q/K weights of `llama` models so that
 //! rotary pairs are adjacent; llama.cpp therefore uses its `NORM` rope
 //! (our [`rlx_ir::RopeStyle::GptJ`]) for this architecture, and so do we.
+//!
+//! `qwen2` (Qwen2, Qwen2.5) is the same block with biases on the q/k/v
+//! projections (added after the matmul) and NeoX rope, as in llama.cpp.
 
 mod config;
 mod error;
@@ -18,8 +22,8 @@ mod generate;
 mod graph;
 mod weights;
 
-pub use config::LlamaConfig;
+pub use config::{LlamaConfig, SUPPORTED_ARCHS};
 pub use error::LlamaError;
 pub use generate::{argmax, LlamaModel};
 pub use graph::{build_graph, cache_names, Phase};
-pub use weights::{gate_up_name, qkv_name, Linear, LlamaWeights, EMBED_TABLE};
+pub use weights::{bias_name, gate_up_name, qkv_name, Linear, LlamaWeights, EMBED_TABLE};

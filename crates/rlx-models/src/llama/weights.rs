@@ -4,7 +4,9 @@
 //! for `DequantMatMul`; float (F32/F16/BF16) matmul weights become f32
 //! `[K, N]` params for `MatMul`; norms become f32 `[D]`. The token embedding
 //! is dequantized once into an f32 table for `Gather`, and when the file has
-//! no `output.weight` the head reuses `token_embd.weight` (tied).
+//! no `output.weight` the head reuses `token_embd.weight` (tied). A linear
+//! `X.weight` with a `X.bias` tensor in the file (qwen2's q/k/v) gets that
+//! bias as an f32 `[N]` param under [`bias_name`]`(X.weight)`.
 
 use super::{LlamaConfig, LlamaError};
 use rlx_formats::{GgmlType, GgufFile};
@@ -33,6 +35,12 @@ pub enum Linear {
         /// Input features.
         k: usize,
     },
+}
+
+/// Name of the bias param of linear `weight_name` (`X.weight` -> `X.bias`).
+pub fn bias_name(weight_name: &str) -> String {
+    let base = weight_name.strip_suffix(".weight").unwrap_or(weight_name);
+    format!("{base}.bias")
 }
 
 /// Name of layer `l`'s merged q/k/v projection (rows `[q | k | v]`).
@@ -202,6 +210,11 @@ impl LlamaWeights {
             }
         }
         let Some(scheme) = scheme0 else { return };
+        // Biases concatenate like the rows; a part without one adds zeros.
+        let has_bias = parts
+            .iter()
+            .any(|p| self.tensors.contains_key(&bias_name(p)));
+        let mut bias = Vec::new();
         let mut bytes = Vec::new();
         for name in parts {
             if let Some(t) = self.tensors.remove(name) {
@@ -209,7 +222,26 @@ impl LlamaWeights {
                     bytes.extend_from_slice(b);
                 }
             }
+            if has_bias {
+                let n = match self.linears.get(name) {
+                    Some(Linear::Quant { n, .. } | Linear::Dense { n, .. }) => *n,
+                    None => 0,
+                };
+                match self
+                    .tensors
+                    .remove(&bias_name(name))
+                    .as_ref()
+                    .and_then(|t| t.as_f32())
+                {
+                    Some(b) if b.len() == n => bias.extend_from_slice(b),
+                    _ => bias.extend(std::iter::repeat_n(0.0, n)),
+                }
+            }
             self.linears.remove(name);
+        }
+        if has_bias {
+            self.tensors
+                .insert(bias_name(&merged), Tensor::f32(&[n_total], bias));
         }
         let rb = bytes.len() / n_total.max(1);
         self.tensors
@@ -315,6 +347,10 @@ impl LlamaWeights {
                 name: name.into(),
                 ty,
             });
+        }
+        let bias = bias_name(name);
+        if f.tensor_info(&bias).is_some() {
+            self.norm(f, &bias, n)?;
         }
         Ok(())
     }
