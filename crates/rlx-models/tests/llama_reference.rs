@@ -216,6 +216,96 @@ fn int8_activations_match_reference_loosely() {
     }
 }
 
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max)
+}
+
+/// `prefill(A)` then `prefill_continue(B)` (and then more chunks, and a
+/// chat-like turn after decoding) gives the next-token logits of one
+/// `prefill` of everything, within 1e-4, in thunks and hybrid mode.
+#[test]
+fn prefill_continue_matches_one_prefill() {
+    let Some(path) = model_path() else { return };
+    let ids = reference().cases[0].prompt_ids.clone();
+    assert_eq!(ids.len(), 11);
+    for hybrid in [false, true] {
+        let opts = CpuOptions {
+            hybrid,
+            ..CpuOptions::default()
+        };
+        let mut m = LlamaModel::load_with(&path, 32, opts.clone()).unwrap();
+        let mut whole = LlamaModel::load_with(&path, 32, opts).unwrap();
+        let want = whole.prefill(&ids).unwrap();
+        m.prefill(&ids[..5]).unwrap();
+        let got = m.prefill_continue(&ids[5..]).unwrap();
+        assert_eq!(m.position(), 11);
+        let d = max_diff(&got, &want);
+        println!("hybrid {hybrid}: prefill(5) + continue(6) vs prefill(11): max |diff| {d:.2e}");
+        assert!(d <= 1e-4, "prefill(A) + continue(B): max |diff| {d}");
+        // Three chunks, one of a single token.
+        m.prefill(&ids[..3]).unwrap();
+        m.prefill_continue(&ids[3..10]).unwrap();
+        let got = m.prefill_continue(&ids[10..]).unwrap();
+        let d = max_diff(&got, &want);
+        assert!(d <= 1e-4, "chunks 3 + 7 + 1: max |diff| {d}");
+        // Decoding continues from the chunked prefill as from one prefill.
+        let a = m.decode(argmax(&got)).unwrap();
+        let b = whole.decode(argmax(&want)).unwrap();
+        let d = max_diff(&a, &b);
+        assert!(d <= 1e-4, "decode after chunks: max |diff| {d}");
+        // A second turn after decoding: the cache holds 12 tokens.
+        let turn = [504u32, 3575, 282, 4649, 314];
+        let got = m.prefill_continue(&turn).unwrap();
+        let mut all = ids.clone();
+        all.push(argmax(&want));
+        all.extend_from_slice(&turn);
+        let want = whole.prefill(&all).unwrap();
+        let d = max_diff(&got, &want);
+        println!("hybrid {hybrid}: second turn (12 cached + 5) vs prefill(17): max |diff| {d:.2e}");
+        assert!(d <= 1e-4, "second turn: max |diff| {d}");
+        assert_eq!(m.position(), 17);
+    }
+}
+
+/// Continuing past the context is a typed error that leaves the model as it
+/// was: the same chunk then fits after a shorter one.
+#[test]
+fn prefill_continue_past_the_context_is_an_error() {
+    let Some(path) = model_path() else { return };
+    let mut m = LlamaModel::load(&path, 16).unwrap();
+    m.prefill(&[1; 10]).unwrap();
+    let err = m.prefill_continue(&[2; 7]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LlamaError::ContextOverflow {
+                needed: 17,
+                ctx_len: 16
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("16"), "{err}");
+    assert_eq!(m.position(), 10);
+    assert!(matches!(
+        m.prefill_continue(&[]),
+        Err(LlamaError::EmptyPrompt)
+    ));
+    assert_eq!(m.prefill_continue(&[2; 6]).unwrap().len(), m.config().vocab);
+    assert_eq!(m.position(), 16);
+    assert!(matches!(
+        m.decode(3),
+        Err(LlamaError::ContextOverflow {
+            needed: 17,
+            ctx_len: 16
+        })
+    ));
+}
+
 #[test]
 fn decode_steps_match_prefill() {
     let Some(path) = model_path() else { return };

@@ -8,7 +8,7 @@ use rlx_cpu::CpuOptions;
 use rlx_formats::GgufFile;
 use rlx_ir::{Op, Tensor};
 use rlx_models::llama::{
-    build_graph, cache_names, LlamaConfig, LlamaError, LlamaModel, LlamaWeights, Phase,
+    build_graph, cache_names, extend_bias, LlamaConfig, LlamaError, LlamaModel, LlamaWeights, Phase,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -440,6 +440,78 @@ fn tiny_qwen2_matches_reference_interpreter() {
                 &format!("qwen2 decode {step} (hybrid {hybrid})"),
             );
         }
+    }
+}
+
+/// `prefill_continue` runs the extend graph (a chunk at a runtime start,
+/// attention over the cache with a causal bias): against the reference
+/// interpreter on the same graphs, after a 3-token prefill, for a 4-token
+/// and then a 1-token chunk.
+#[test]
+fn tiny_extend_matches_reference_interpreter() {
+    let path = tiny(Flaw::None, "extend.gguf");
+    let f = GgufFile::open(&path).unwrap();
+    let cfg = LlamaConfig::from_gguf(&f).unwrap();
+    let w = LlamaWeights::load(&f, &cfg).unwrap();
+    let ctx = 12;
+    let prompt = [3u32, 17, 5, 39, 0, 8, 21, 2];
+    for hybrid in [false, true] {
+        let opts = CpuOptions {
+            hybrid,
+            ..CpuOptions::default()
+        };
+        let mut m = LlamaModel::from_weights(w.clone(), ctx, opts).unwrap();
+        m.prefill(&prompt[..3]).unwrap();
+        let kvd = cfg.kv_dim();
+        let mut caches = HashMap::new();
+        for l in 0..LAYERS {
+            let (k, v) = cache_names(l);
+            caches.insert(k, Tensor::f32(&[1, ctx, kvd], vec![0.0; ctx * kvd]));
+            caches.insert(v, Tensor::f32(&[1, ctx, kvd], vec![0.0; ctx * kvd]));
+        }
+        let ids = |r: &[u32]| r.iter().map(|&i| i as i64).collect::<Vec<_>>();
+        let g = build_graph(&w, Phase::Prefill { seq_len: 3 }, ctx).unwrap();
+        let inputs = [
+            ("ids", Tensor::i64(&[1, 3], ids(&prompt[..3]))),
+            ("pos", Tensor::i64(&[3], vec![0, 1, 2])),
+        ];
+        let (_, mut caches) = reference(&g, &w, &inputs, &caches);
+        let mut p = 3;
+        for len in [4, 1] {
+            let got = m.prefill_continue(&prompt[p..p + len]).unwrap();
+            let g = build_graph(&w, Phase::Extend { seq_len: len }, ctx).unwrap();
+            let inputs = [
+                ("ids", Tensor::i64(&[1, len], ids(&prompt[p..p + len]))),
+                (
+                    "pos",
+                    Tensor::i64(&[len], (p as i64..(p + len) as i64).collect()),
+                ),
+                ("start", Tensor::i64(&[1], vec![p as i64])),
+                (
+                    "kv_bias",
+                    Tensor::f32(&[1, 1, len, ctx], extend_bias(p, len, ctx)),
+                ),
+            ];
+            let (want, next) = reference(&g, &w, &inputs, &caches);
+            caches = next;
+            assert_close(
+                &got,
+                &want,
+                &format!("extend {len} at {p} (hybrid {hybrid})"),
+            );
+            p += len;
+        }
+        // The same logits as one prefill of all 8 tokens.
+        let mut whole = LlamaModel::from_weights(w.clone(), ctx, CpuOptions::default()).unwrap();
+        let want = whole.prefill(&prompt).unwrap();
+        m.prefill(&prompt[..3]).unwrap();
+        m.prefill_continue(&prompt[3..7]).unwrap();
+        let got = m.prefill_continue(&prompt[7..]).unwrap();
+        assert_close(
+            &got,
+            &want,
+            &format!("chunks vs one prefill (hybrid {hybrid})"),
+        );
     }
 }
 

@@ -1,6 +1,6 @@
 //! [`LlamaModel`]: a loaded decoder with a KV cache, and the generation loop.
 
-use super::graph::{build_graph, cache_names, Phase};
+use super::graph::{build_graph, cache_names, extend_bias, Phase};
 use super::{LlamaConfig, LlamaError, LlamaWeights};
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_formats::GgufFile;
@@ -36,8 +36,8 @@ pub struct LlamaModel {
     ctx_len: usize,
     opts: CpuOptions,
     decode: CpuModel,
-    /// The last compiled prefill model and its prompt length.
-    prefill: Option<(usize, CpuModel)>,
+    /// The last compiled prefill (or extend) model and its phase.
+    prefill: Option<(Phase, CpuModel)>,
     /// Tokens currently in the cache.
     pos: usize,
     /// Whether the caches currently live in the decode model (else in the
@@ -187,30 +187,84 @@ impl LlamaModel {
             });
         }
         self.check_ids(ids, 0)?;
-        if self.prefill.as_ref().map(|(len, _)| *len) != Some(s) {
-            // Bring the caches home before dropping the old prefill model.
-            self.move_caches(true)?;
-            let g = build_graph(&self.weights, Phase::Prefill { seq_len: s }, self.ctx_len)?;
-            let mut m = CpuModel::compile(g, &self.opts)?;
-            bind_weights(&mut m, &self.weights)?;
-            self.prefill = Some((s, m));
-        }
-        self.move_caches(false)?;
         let ids64: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
         let pos: Vec<i64> = (0..s as i64).collect();
+        let out = self.run_prefill_slot(
+            Phase::Prefill { seq_len: s },
+            &[
+                ("ids", TensorRef::I64(&ids64)),
+                ("pos", TensorRef::I64(&pos)),
+            ],
+        )?;
+        self.pos = s;
+        self.logits(out)
+    }
+
+    /// Feed `ids` after the tokens already in the cache, at positions
+    /// `p..p + ids.len()` where `p` is [`position`](Self::position), and
+    /// return the logits for the next token: a later chunk of a long prompt,
+    /// or the next turn of a chat. `prefill(a)` then `prefill_continue(b)`
+    /// gives the logits of `prefill(a ++ b)`; at position 0 this is
+    /// [`prefill`](Self::prefill). Errors with `ContextOverflow` (and changes
+    /// nothing) when `p + ids.len()` exceeds the context.
+    pub fn prefill_continue(&mut self, ids: &[u32]) -> Result<Vec<f32>, LlamaError> {
+        let p = self.pos;
+        if p == 0 {
+            return self.prefill(ids);
+        }
+        let s = ids.len();
+        if s == 0 {
+            return Err(LlamaError::EmptyPrompt);
+        }
+        if p + s > self.ctx_len {
+            return Err(LlamaError::ContextOverflow {
+                needed: p + s,
+                ctx_len: self.ctx_len,
+            });
+        }
+        self.check_ids(ids, p)?;
+        let ids64: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
+        let pos: Vec<i64> = (p as i64..(p + s) as i64).collect();
+        let bias = extend_bias(p, s, self.ctx_len);
+        let out = self.run_prefill_slot(
+            Phase::Extend { seq_len: s },
+            &[
+                ("ids", TensorRef::I64(&ids64)),
+                ("pos", TensorRef::I64(&pos)),
+                ("start", TensorRef::I64(&[p as i64])),
+                ("kv_bias", TensorRef::F32(&bias)),
+            ],
+        )?;
+        self.pos = p + s;
+        self.logits(out)
+    }
+
+    /// Run the prefill-slot model of `phase` (compiled on first use, one
+    /// kept) on `inputs`, with the caches moved in for the run and back to
+    /// the decode model after it.
+    fn run_prefill_slot(
+        &mut self,
+        phase: Phase,
+        inputs: &[(&str, TensorRef<'_>)],
+    ) -> Result<Vec<Tensor>, LlamaError> {
+        if self.prefill.as_ref().map(|(ph, _)| *ph) != Some(phase) {
+            // Bring the caches home before dropping the old prefill model.
+            self.move_caches(true)?;
+            let g = build_graph(&self.weights, phase, self.ctx_len)?;
+            let mut m = CpuModel::compile(g, &self.opts)?;
+            bind_weights(&mut m, &self.weights)?;
+            self.prefill = Some((phase, m));
+        }
+        self.move_caches(false)?;
         let Some((_, m)) = self.prefill.as_mut() else {
             return Err(LlamaError::NoPrefill);
         };
-        let out = m.run(&[
-            ("ids", TensorRef::I64(&ids64)),
-            ("pos", TensorRef::I64(&pos)),
-        ]);
+        let out = m.run(inputs);
         // Hand the caches to the decode model even if the run failed.
         let moved = self.move_caches(true);
         let out = out?;
         moved?;
-        self.pos = s;
-        self.logits(out)
+        Ok(out)
     }
 
     /// Feed one token at the next position and return the logits for the

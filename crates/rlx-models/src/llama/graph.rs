@@ -19,6 +19,12 @@
 //!   (`[p]`), `kv_mask` f32 `[1, ctx]` (1 for positions `<= p`, else 0).
 //!   The new k/v rows are written at `p`, and attention reads the updated
 //!   caches with the `Custom` keep-mask.
+//! - extend (`S` more tokens at positions `p..p+S` after `p` cached ones: a
+//!   later prompt chunk or chat turn): `ids` `[1, S]`, `pos` `[S]`
+//!   (`p..p+S`), `start` i64 `[1]` (`[p]`), `kv_bias` f32 `[1, 1, S, ctx]`
+//!   ([`extend_bias`]: 0 where key `j <= p + i`, else -inf). The new rows
+//!   are written at `p`, and attention reads the updated caches with the
+//!   `Bias` mask, causal within the chunk.
 //!
 //! The caches are params `cache.k.{l}` / `cache.v.{l}`, f32 `[1, ctx, kv_dim]`
 //! (k after rope), updated in place by `CacheWrite`. The single output is the
@@ -39,6 +45,23 @@ pub enum Phase {
     },
     /// One token at a runtime position.
     Decode,
+    /// `seq_len` tokens at runtime positions `p..p + seq_len`, after the
+    /// `p` tokens already in the cache.
+    Extend {
+        /// Chunk length S (1 ..= ctx).
+        seq_len: usize,
+    },
+}
+
+/// The `kv_bias` input of [`Phase::Extend`]: `[1, 1, seq_len, ctx_len]`,
+/// row `i` is 0 for keys `j <= start + i` and -inf after.
+pub fn extend_bias(start: usize, seq_len: usize, ctx_len: usize) -> Vec<f32> {
+    let mut b = vec![f32::NEG_INFINITY; seq_len * ctx_len];
+    for (i, row) in b.chunks_exact_mut(ctx_len.max(1)).enumerate() {
+        let visible = (start + i + 1).min(ctx_len);
+        row[..visible].fill(0.0);
+    }
+    b
 }
 
 /// Names of the k and v cache params of layer `l`.
@@ -130,6 +153,7 @@ pub fn build_graph(
     let (s, name) = match phase {
         Phase::Prefill { seq_len } => (seq_len, format!("llama.prefill.{seq_len}")),
         Phase::Decode => (1, "llama.decode".to_string()),
+        Phase::Extend { seq_len } => (seq_len, format!("llama.extend.{seq_len}")),
     };
     if s == 0 {
         return Err(LlamaError::EmptyPrompt);
@@ -146,7 +170,15 @@ pub fn build_graph(
     let pos = b.g.input("pos", Shape::new(&[s], DType::I64));
     let (write_pos, kv_mask) = match phase {
         Phase::Prefill { .. } => (b.g.constant(Tensor::i64(&[1], vec![0])), None),
-        Phase::Decode => (pos, Some(b.g.input("kv_mask", Shape::f32(&[1, ctx_len])))),
+        Phase::Decode => {
+            let m = b.g.input("kv_mask", Shape::f32(&[1, ctx_len]));
+            (pos, Some((MaskKind::Custom, m)))
+        }
+        Phase::Extend { .. } => {
+            let start = b.g.input("start", Shape::new(&[1], DType::I64));
+            let m = b.g.input("kv_bias", Shape::f32(&[1, 1, s, ctx_len]));
+            (start, Some((MaskKind::Bias, m)))
+        }
     };
     let table = b.param(EMBED_TABLE)?;
     let mut x = b.g.push(Op::Gather { axis: 0 }, vec![table, ids])?;
@@ -191,7 +223,7 @@ pub fn build_graph(
         };
         let a = match kv_mask {
             None => b.g.push(attn(MaskKind::Causal), vec![q, k, v])?,
-            Some(m) => b.g.push(attn(MaskKind::Custom), vec![q, ck, cv, m])?,
+            Some((kind, m)) => b.g.push(attn(kind), vec![q, ck, cv, m])?,
         };
         let o = b.linear(a, &p("attn_output"))?;
         x = b.g.push(Op::Binary(BinaryOp::Add), vec![x, o])?;

@@ -25,5 +25,5 @@ mod weights;
 pub use config::{LlamaConfig, SUPPORTED_ARCHS};
 pub use error::LlamaError;
 pub use generate::{argmax, LlamaModel};
-pub use graph::{build_graph, cache_names, Phase};
+pub use graph::{build_graph, cache_names, extend_bias, Phase};
 pub use weights::{bias_name, gate_up_name, qkv_name, Linear, LlamaWeights, EMBED_TABLE};
