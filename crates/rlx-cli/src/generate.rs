@@ -1,11 +1,11 @@
 //! `rlx generate` and `rlx bench-llm`.
 
-use crate::{models_dir, Mode};
+use crate::{models_dir, DeviceArg, Mode};
 use clap::Args;
 use rlx::cpu::CpuOptions;
 use rlx::ir::ActivationPrecision;
 use rlx::models::gguf_tokenizer::GgufTokenizer;
-use rlx::models::llama::{LlamaConfig, LlamaModel, LlamaWeights};
+use rlx::models::llama::{LlamaConfig, LlamaDevice, LlamaModel, LlamaWeights};
 use rlx::models::sampling::{Sampler, SamplerConfig};
 use std::io::Write;
 use std::path::PathBuf;
@@ -29,6 +29,32 @@ fn resolve_model(model: &Option<PathBuf>) -> Result<PathBuf, String> {
     }
 }
 
+/// The backend for `device`: on CUDA, hybrid mode captures the whole
+/// decode step into one CUDA graph.
+fn llama_device(
+    device: DeviceArg,
+    mode: Mode,
+    threads: Option<usize>,
+) -> Result<LlamaDevice, String> {
+    match device {
+        DeviceArg::Cpu => Ok(LlamaDevice::Cpu(CpuOptions {
+            hybrid: mode == Mode::Hybrid,
+            threads,
+            ..Default::default()
+        })),
+        #[cfg(feature = "cuda")]
+        DeviceArg::Cuda => {
+            rlx::cuda::cuda_available().map_err(|e| format!("--device cuda: {e}"))?;
+            Ok(LlamaDevice::Cuda(rlx::cuda::CudaOptions {
+                hybrid: mode == Mode::Hybrid,
+                ..Default::default()
+            }))
+        }
+        #[cfg(not(feature = "cuda"))]
+        DeviceArg::Cuda => Err("--device cuda: the CUDA backend is not part of this build".into()),
+    }
+}
+
 /// The activation precision for `--int8-activations`.
 fn activations(int8: bool) -> ActivationPrecision {
     if int8 {
@@ -41,21 +67,15 @@ fn activations(int8: bool) -> ActivationPrecision {
 fn load(
     path: &PathBuf,
     ctx: usize,
-    mode: Mode,
-    threads: Option<usize>,
+    device: LlamaDevice,
     act: ActivationPrecision,
 ) -> Result<(LlamaModel, GgufTokenizer), String> {
     let f = rlx::formats::GgufFile::open(path).map_err(|e| e.to_string())?;
     let tok = GgufTokenizer::from_gguf(&f).map_err(|e| e.to_string())?;
-    let opts = CpuOptions {
-        hybrid: mode == Mode::Hybrid,
-        threads,
-        ..Default::default()
-    };
     let cfg = LlamaConfig::from_gguf(&f).map_err(|e| e.to_string())?;
     let mut w = LlamaWeights::load(&f, &cfg).map_err(|e| e.to_string())?;
     w.activations = act;
-    let model = LlamaModel::from_weights(w, ctx, opts).map_err(|e| e.to_string())?;
+    let model = LlamaModel::from_weights_on(w, ctx, device).map_err(|e| e.to_string())?;
     Ok((model, tok))
 }
 
@@ -99,18 +119,16 @@ pub struct GenerateArgs {
     /// Default: f32 activations.
     #[arg(long)]
     int8_activations: bool,
+    /// Where to run (`cuda` needs a build with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
 }
 
 /// Run `rlx generate`, streaming text to stdout.
 pub fn run(a: GenerateArgs) -> Result<(), String> {
     let path = resolve_model(&a.model)?;
-    let (mut model, tok) = load(
-        &path,
-        a.ctx,
-        a.mode,
-        a.threads,
-        activations(a.int8_activations),
-    )?;
+    let device = llama_device(a.device, a.mode, a.threads)?;
+    let (mut model, tok) = load(&path, a.ctx, device, activations(a.int8_activations))?;
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -164,9 +182,10 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
     }
     writeln!(out).ok();
     eprintln!(
-        "[{} prompt tokens in {:.1} ms, {} new tokens at {:.1} tok/s]",
+        "[{} prompt tokens in {:.1} ms ({:.1} tok/s prefill), {} new tokens at {:.1} tok/s decode]",
         prompt.len(),
         t_prefill.as_secs_f64() * 1e3,
+        prompt.len() as f64 / t_prefill.as_secs_f64().max(1e-9),
         n,
         n as f64 / t1.elapsed().as_secs_f64().max(1e-9)
     );
@@ -202,25 +221,43 @@ pub struct BenchLlmArgs {
     /// One JSON line `{"prefill_tok_s", "decode_tok_s"}`.
     #[arg(long)]
     json: bool,
+    /// Where to run (`cuda` needs a build with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
+    /// Random weights of the model's shapes (Q4_1 layers, Q8_0 head), no
+    /// file needed: speed is the same, the text is noise.
+    #[arg(long)]
+    synthetic: bool,
 }
 
 /// Run `rlx bench-llm`.
 pub fn bench(a: BenchLlmArgs) -> Result<(), String> {
-    let path = resolve_model(&a.model)?;
     let ctx = a.prefill + a.decode + 1;
-    let (mut model, tok) = load(
-        &path,
-        ctx,
-        a.mode,
-        a.threads,
-        activations(a.int8_activations),
-    )?;
-    let text = "The history of computing is a story of people, machines and ideas. ".repeat(64);
-    let mut prompt = tok.encode(&text, false).map_err(|e| e.to_string())?;
-    prompt.truncate(a.prefill);
-    if prompt.len() < a.prefill {
-        return Err("could not build a long enough prompt".into());
-    }
+    let device = llama_device(a.device, a.mode, a.threads)?;
+    let (mut model, prompt) = if a.synthetic {
+        let cfg = rlx::models::llama::LlamaConfig::smollm2_135m();
+        let mut w = rlx::models::llama::LlamaWeights::synthetic(
+            &cfg,
+            rlx::ir::QuantScheme::Q4_1,
+            rlx::ir::QuantScheme::Q8_0,
+            7,
+        )
+        .map_err(|e| e.to_string())?;
+        w.activations = activations(a.int8_activations);
+        let m = LlamaModel::from_weights_on(w, ctx, device).map_err(|e| e.to_string())?;
+        let prompt: Vec<u32> = (0..a.prefill as u32).map(|i| 1 + i * 37 % 1000).collect();
+        (m, prompt)
+    } else {
+        let path = resolve_model(&a.model)?;
+        let (m, tok) = load(&path, ctx, device, activations(a.int8_activations))?;
+        let text = "The history of computing is a story of people, machines and ideas. ".repeat(64);
+        let mut prompt = tok.encode(&text, false).map_err(|e| e.to_string())?;
+        prompt.truncate(a.prefill);
+        if prompt.len() < a.prefill {
+            return Err("could not build a long enough prompt".into());
+        }
+        (m, prompt)
+    };
     let mut pre = Vec::new();
     let mut dec = Vec::new();
     for _ in 0..a.reps.max(1) {
@@ -239,10 +276,27 @@ pub fn bench(a: BenchLlmArgs) -> Result<(), String> {
         v[v.len() / 2]
     };
     let (p, d) = (med(&mut pre), med(&mut dec));
+    let dispatches = model.decode_model().report().dispatches;
+    let device_ops = model.decode_device_ops();
+    eprintln!(
+        "prefill {} tokens: {p:.1} tok/s; decode {} tokens: {d:.1} tok/s ({:.3} ms/token); \
+         {dispatches} dispatches per decode step{}",
+        a.prefill,
+        a.decode,
+        1e3 / d,
+        device_ops
+            .map(|n| format!(" ({n} device ops)"))
+            .unwrap_or_default()
+    );
     if a.json {
         println!(
             "{}",
-            serde_json::json!({"prefill_tok_s": p, "decode_tok_s": d, "mode": format!("{:?}", a.mode).to_lowercase(),
+            serde_json::json!({"prefill_tok_s": p, "decode_tok_s": d,
+                "mode": format!("{:?}", a.mode).to_lowercase(),
+                "device": format!("{:?}", a.device).to_lowercase(),
+                "decode_dispatches": dispatches, "decode_device_ops": device_ops,
+                "prefill_tokens": a.prefill, "decode_tokens": a.decode,
+                "synthetic": a.synthetic,
                 "activations": activations(a.int8_activations).name()})
         );
     } else {

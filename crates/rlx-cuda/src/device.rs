@@ -2,6 +2,7 @@
 //! device and pinned buffers, captured graphs.
 
 use crate::kernels::{KERNELS, SOURCE};
+use crate::{kv, quant};
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaStream};
 use std::collections::HashMap;
@@ -45,25 +46,32 @@ pub(crate) fn device_lock() -> std::sync::MutexGuard<'static, ()> {
     DEVICE_LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// PTX images by compute capability.
-type PtxCache = Mutex<HashMap<(i32, i32), Arc<CString>>>;
+/// Every NVRTC module: its CUDA C source and the kernels it exports.
+const MODULES: &[(&str, &[&str])] = &[
+    (SOURCE, KERNELS),
+    (quant::SOURCE, quant::KERNELS),
+    (kv::SOURCE, kv::KERNELS),
+];
 
-/// PTX per compute capability, compiled once per process.
-fn ptx_for(cc: (i32, i32)) -> Result<Arc<CString>, String> {
+/// PTX images by (module index, compute capability).
+type PtxCache = Mutex<HashMap<(usize, (i32, i32)), Arc<CString>>>;
+
+/// PTX of module `index` per compute capability, compiled once per process.
+fn ptx_for(index: usize, cc: (i32, i32)) -> Result<Arc<CString>, String> {
     static CACHE: OnceLock<PtxCache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let mut guard = cache.lock().map_err(|_| "PTX cache poisoned".to_string())?;
-    if let Some(p) = guard.get(&cc) {
+    if let Some(p) = guard.get(&(index, cc)) {
         return Ok(p.clone());
     }
     let opts = cudarc::nvrtc::CompileOptions {
         options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts)
-        .map_err(|e| format!("NVRTC compile failed: {e:?}"))?;
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(MODULES[index].0, opts)
+        .map_err(|e| format!("NVRTC compile of module {index} failed: {e:?}"))?;
     let c = Arc::new(CString::new(ptx.to_src()).map_err(|_| "PTX holds a NUL byte".to_string())?);
-    guard.insert(cc, c.clone());
+    guard.insert((index, cc), c.clone());
     Ok(c)
 }
 
@@ -106,19 +114,21 @@ fn loaded(ordinal: usize) -> Result<Arc<Loaded>, String> {
     let cc = ctx
         .compute_capability()
         .map_err(|e| derr("compute capability", e))?;
-    let ptx = ptx_for(cc)?;
     ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
-    // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call. The
-    // module is never unloaded: the cache keeps it for the process.
-    let module = unsafe { drv::module::load_data(ptx.as_ptr() as *const c_void) }
-        .map_err(|e| derr("load module", e))?;
     let mut funcs = HashMap::new();
-    for &name in KERNELS {
-        let cname = CString::new(name).map_err(|_| "kernel name".to_string())?;
-        // SAFETY: `module` was just loaded and is valid.
-        let f = unsafe { drv::module::get_function(module, cname) }
-            .map_err(|e| derr(&format!("kernel {name}"), e))?;
-        funcs.insert(name, FuncHandle(f));
+    for (index, &(_, names)) in MODULES.iter().enumerate() {
+        let ptx = ptx_for(index, cc)?;
+        // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call. The
+        // module is never unloaded: the cache keeps it for the process.
+        let module = unsafe { drv::module::load_data(ptx.as_ptr() as *const c_void) }
+            .map_err(|e| derr("load module", e))?;
+        for &name in names {
+            let cname = CString::new(name).map_err(|_| "kernel name".to_string())?;
+            // SAFETY: `module` was just loaded and is valid.
+            let f = unsafe { drv::module::get_function(module, cname) }
+                .map_err(|e| derr(&format!("kernel {name}"), e))?;
+            funcs.insert(name, FuncHandle(f));
+        }
     }
     let l = Arc::new(Loaded { ctx, funcs });
     guard.insert(ordinal, l.clone());
@@ -250,6 +260,28 @@ impl DeviceBuffer {
         let _lock = device_lock();
         // SAFETY: the destination holds at least `data.len()` bytes (checked above).
         unsafe { drv::memcpy_htod_sync(self.ptr, data) }.map_err(|e| derr("upload", e))
+    }
+}
+
+impl DeviceBuffer {
+    /// Copy the start of the buffer into `out`, synchronously (after all
+    /// work queued in the context).
+    pub(crate) fn download(&self, out: &mut [u8]) -> Result<(), String> {
+        if out.len() > self.bytes.max(256) {
+            return Err(format!(
+                "cuda: download of {} bytes from {} bytes",
+                out.len(),
+                self.bytes
+            ));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
+        self.ctx.synchronize().map_err(|e| derr("synchronize", e))?;
+        let _lock = device_lock();
+        // SAFETY: the source holds at least `out.len()` bytes (checked above).
+        unsafe { drv::memcpy_dtoh_sync(out, self.ptr) }.map_err(|e| derr("download", e))
     }
 }
 

@@ -15,6 +15,7 @@ use rlx_runtime::memory::{plan_memory, MemoryPlan, Tick};
 use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef};
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
+use std::sync::Arc;
 
 /// How to compile a graph for a CUDA device.
 #[derive(Debug, Clone)]
@@ -93,9 +94,24 @@ impl SegmentCompiler for CudaSegmentCompiler {
             .filter(|n| !n.op.is_leaf())
             .map(|n| Tick::Node(n.id))
             .collect();
-        let mem = plan_memory(g, &ticks, |n| view_of(g, n), |_| false);
+        let mem = plan_memory(g, &ticks, |n| view_of(g, n), is_cache_write);
         Ok(SegmentPlan { mem })
     }
+}
+
+/// `CacheWrite` updates its cache param in place: its value lives outside
+/// the arena, at the param's device address.
+fn is_cache_write(n: &Node) -> bool {
+    matches!(n.op, Op::CacheWrite { .. })
+}
+
+/// The node whose memory holds `id`'s value: through `CacheWrite`s to the
+/// cache they update.
+fn home(graph: &Graph, mut id: NodeId) -> NodeId {
+    while let Op::CacheWrite { .. } = graph.node(id).op {
+        id = graph.node(id).inputs[0];
+    }
+    id
 }
 
 /// The param-only part of a graph, run on the host when params change.
@@ -278,7 +294,7 @@ impl Core {
             HybridPlan::thunks_only(&graph)
         };
         let ticks = plan.ticks(&graph);
-        let mem = plan_memory(&graph, &ticks, |n| view_of(&graph, n), |_| false);
+        let mem = plan_memory(&graph, &ticks, |n| view_of(&graph, n), is_cache_write);
         let scratch_bytes = plan
             .steps
             .iter()
@@ -311,7 +327,8 @@ pub struct CudaModel {
     prep_dirty: bool,
     /// The resolved schedule; `None` after any device address changed.
     exec: Option<Vec<ExecStep>>,
-    dev_params: HashMap<String, DeviceBuffer>,
+    /// Device copies of params; shared (see [`CudaModel::share_params`]).
+    dev_params: HashMap<String, Arc<DeviceBuffer>>,
     consts: HashMap<NodeId, DeviceBuffer>,
     arena: DeviceBuffer,
     scratch: DeviceBuffer,
@@ -404,12 +421,12 @@ impl CudaModel {
         status.upload(&[0u8; 4]).map_err(rt)?;
         let (in_offs, in_bytes) =
             stage_offsets(inputs.iter().map(|(_, _, s)| Some(s.size_bytes())));
-        let (out_offsets, out_bytes) = stage_offsets(
-            core.graph
-                .outputs
-                .iter()
-                .map(|&o| core.mem.placements[o.index()].map(|p| p.bytes)),
-        );
+        let (out_offsets, out_bytes) = stage_offsets(core.graph.outputs.iter().map(|&o| {
+            let n = core.graph.node(o);
+            core.mem.placements[o.index()]
+                .map(|p| p.bytes)
+                .or_else(|| is_cache_write(n).then(|| n.shape.size_bytes()))
+        }));
         let in_stage = Pinned::new(&gpu.ctx, in_bytes).map_err(rt)?;
         let out_stage = Pinned::new(&gpu.ctx, out_bytes + 64).map_err(rt)?;
         Ok(CudaModel {
@@ -462,6 +479,7 @@ impl CudaModel {
 
     /// Device address of a main-graph node's data.
     fn addr(&self, id: NodeId) -> Option<u64> {
+        let id = home(&self.core.graph, id);
         let n = self.core.graph.node(id);
         if let Some(p) = self.core.mem.placements[id.index()] {
             return Some(self.arena.ptr + p.offset as u64);
@@ -471,6 +489,80 @@ impl CudaModel {
             Op::Constant { .. } => self.consts.get(&id).map(|b| b.ptr),
             _ => None,
         }
+    }
+
+    /// Bytes of output node `o`'s value.
+    fn out_bytes(&self, o: NodeId) -> usize {
+        self.core.mem.placements[o.index()]
+            .map(|p| p.bytes)
+            .unwrap_or_else(|| self.core.graph.node(o).shape.size_bytes())
+    }
+
+    /// Make the params `names` of this model use `from`'s device memory:
+    /// weights are then uploaded once for both models, and a cache that one
+    /// model's `CacheWrite` updates is what the other reads (e.g. a prefill
+    /// and a decode model over one KV cache). Each param must have the same
+    /// shape in both models and a value in `from`; `from`'s value is uploaded
+    /// first if it is not on the device yet. Both models must use the same
+    /// device. Runs are ordered because every run ends by synchronizing its
+    /// stream. This model's host copy becomes `from`'s (shared, not copied).
+    pub fn share_params(
+        &mut self,
+        from: &mut CudaModel,
+        names: &[String],
+    ) -> Result<(), RuntimeError> {
+        if !Arc::ptr_eq(&self.gpu.ctx, &from.gpu.ctx) {
+            return Err(rt(
+                "share_params: the models are on different devices".into()
+            ));
+        }
+        from.gpu.bind().map_err(rt)?;
+        for name in names {
+            let shape = self
+                .param_shapes
+                .get(name)
+                .ok_or_else(|| RuntimeError::UnknownParam { name: name.clone() })?;
+            let theirs = from
+                .param_shapes
+                .get(name)
+                .ok_or_else(|| RuntimeError::UnknownParam { name: name.clone() })?;
+            if shape != theirs {
+                return Err(rt(format!(
+                    "share_params: param '{name}' is {shape} here and {theirs} in the other model"
+                )));
+            }
+            let host =
+                from.params
+                    .get(name)
+                    .cloned()
+                    .ok_or_else(|| RuntimeError::MissingParam {
+                        name: name.clone(),
+                        shape: shape.clone(),
+                    })?;
+            let fresh = from.stale.remove(name);
+            let buf = match from.dev_params.get(name) {
+                Some(b) if !fresh => b.clone(),
+                _ => {
+                    let bytes = tensor_bytes(&host);
+                    let b = match from.dev_params.get(name) {
+                        Some(b) if b.bytes == bytes.len() => b.clone(),
+                        _ => {
+                            from.exec = None;
+                            Arc::new(DeviceBuffer::new(&from.gpu.ctx, bytes.len()).map_err(rt)?)
+                        }
+                    };
+                    b.upload(bytes).map_err(rt)?;
+                    from.dev_params.insert(name.clone(), b.clone());
+                    b
+                }
+            };
+            self.params.insert(name.clone(), host);
+            self.stale.remove(name);
+            self.dev_params.insert(name.clone(), buf);
+        }
+        self.prep_dirty = self.prep.is_some();
+        self.exec = None;
+        Ok(())
     }
 
     /// Resolve every step's launches (and capture graphs for compiled steps).
@@ -502,6 +594,7 @@ impl CudaModel {
                         .collect();
                     let n_leaves = sub.inputs.len();
                     let sub_addr = |id: NodeId| -> Option<u64> {
+                        let id = home(g, id);
                         if let Some(&p) = outs.get(&id) {
                             return self.addr(p);
                         }
@@ -636,7 +729,7 @@ impl CudaModel {
                 _ => {
                     let b = DeviceBuffer::new(&self.gpu.ctx, bytes.len()).map_err(rt)?;
                     b.upload(bytes).map_err(rt)?;
-                    self.dev_params.insert(name.clone(), b);
+                    self.dev_params.insert(name.clone(), Arc::new(b));
                     self.exec = None;
                 }
             }
@@ -740,28 +833,25 @@ impl CudaModel {
         let out_ids = graph.outputs.clone();
         let status_at = self.out_stage.as_slice().len() - 64;
         {
-            let arena = self.arena.ptr;
             let status_ptr = self.status.ptr;
+            let srcs: Vec<Option<(usize, u64, usize)>> = out_ids
+                .iter()
+                .enumerate()
+                .map(|(i, &o)| {
+                    let at = self.out_offsets[i]?;
+                    Some((at, self.addr(o)?, self.out_bytes(o)))
+                })
+                .collect();
             let stage = self.out_stage.as_mut_slice();
-            for (i, &o) in out_ids.iter().enumerate() {
-                let (Some(p), Some(at)) =
-                    (self.core.mem.placements[o.index()], self.out_offsets[i])
-                else {
-                    continue;
-                };
-                if p.bytes == 0 {
+            for (at, src, bytes) in srcs.into_iter().flatten() {
+                if bytes == 0 {
                     continue;
                 }
                 // SAFETY: `stage[at..at + bytes]` is pinned memory reserved for this
-                // output; the source is its arena slot.
-                unsafe {
-                    drv::memcpy_dtoh_async(
-                        &mut stage[at..at + p.bytes],
-                        arena + p.offset as u64,
-                        stream,
-                    )
-                }
-                .map_err(|e| rt(format!("cuda: output download: {e:?}")))?;
+                // output; the source is its arena slot (or, for a CacheWrite, the
+                // cache param's device buffer), `bytes` long.
+                unsafe { drv::memcpy_dtoh_async(&mut stage[at..at + bytes], src, stream) }
+                    .map_err(|e| rt(format!("cuda: output download: {e:?}")))?;
             }
             // SAFETY: 4 bytes of the reserved tail of the staging buffer.
             unsafe {
@@ -774,12 +864,19 @@ impl CudaModel {
         let code = i32::from_le_bytes(stage[status_at..status_at + 4].try_into().expect("4 bytes"));
         if code != 0 {
             self.status.upload(&[0u8; 4]).map_err(rt)?;
-            let node = NodeId((code - 1) as u32);
-            return Err(kernel_err(
-                graph,
-                node,
-                "an index is out of range of the table (the output row was zeroed)".into(),
-            ));
+            // Negative codes come from CacheWrite, positive ones from Gather.
+            let (node, message) = if code < 0 {
+                (
+                    NodeId((-code - 1) as u32),
+                    "the write position plus the new rows does not fit the cache (nothing was written)",
+                )
+            } else {
+                (
+                    NodeId((code - 1) as u32),
+                    "an index is out of range of the table (the output row was zeroed)",
+                )
+            };
+            return Err(kernel_err(graph, node, message.into()));
         }
         out_ids
             .iter()
@@ -788,6 +885,10 @@ impl CudaModel {
                 let shape = &graph.node(o).shape;
                 match (self.core.mem.placements[o.index()], self.out_offsets[i]) {
                     (Some(p), Some(at)) => Ok(tensor_from_bytes(shape, &stage[at..at + p.bytes])),
+                    (None, Some(at)) => Ok(tensor_from_bytes(
+                        shape,
+                        &stage[at..at + shape.size_bytes()],
+                    )),
                     _ => match &graph.node(o).op {
                         Op::Param { name } => self.params.get(name).cloned().ok_or_else(|| {
                             RuntimeError::MissingParam {
@@ -855,9 +956,23 @@ impl Executable for CudaModel {
 
     fn take_param(&mut self, name: &str) -> Option<Tensor> {
         self.prep_dirty = self.prep.is_some();
-        self.dev_params.remove(name);
+        let dev = self.dev_params.remove(name);
         self.exec = None;
-        self.params.remove(name)
+        let host = self.params.remove(name)?;
+        // A cache that CacheWrite updated on the device is handed back with
+        // its device contents (None if they cannot be read).
+        let written = self.core.graph.nodes().iter().any(|n| {
+            is_cache_write(n)
+                && matches!(&self.core.graph.node(n.inputs[0]).op, Op::Param { name: p } if p == name)
+        });
+        match dev {
+            Some(b) if written => {
+                let mut bytes = vec![0u8; b.bytes];
+                b.download(&mut bytes).ok()?;
+                Some(tensor_from_bytes(&host.shape, &bytes))
+            }
+            _ => Some(host),
+        }
     }
 
     fn run(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {

@@ -19,7 +19,9 @@
 mod device;
 mod executor;
 mod kernels;
+mod kv;
 mod lower;
+mod quant;
 
 pub use device::cuda_available;
 pub use executor::{CudaModel, CudaOptions, CudaSegmentCompiler, SegmentPlan};

@@ -659,10 +659,72 @@ pub(crate) fn lower(
                 ],
             }])
         }
-        Op::GatedDeltaNet { .. }
-        | Op::Lstm { .. }
-        | Op::DequantMatMul { .. }
-        | Op::CacheWrite { .. } => Err(format!("no CUDA kernel for {}", node.op.name())),
+        Op::DequantMatMul {
+            scheme,
+            activations,
+        } => {
+            if *activations != rlx_ir::ActivationPrecision::F32 {
+                return Err(format!(
+                    "no CUDA kernel for DequantMatMul with {} activations (f32 only)",
+                    activations.name()
+                ));
+            }
+            cx.f32_in(0)?;
+            let (x, w) = (cx.shape(0).clone(), cx.shape(1).clone());
+            let k = x.last_dim();
+            if w.dtype != DType::U8 || w.rank() != 2 || scheme.row_bytes(k) != Some(w.dims[1]) {
+                return Err(format!(
+                    "weights {w}: expected packed {} u8[N, row bytes] for K = {k}",
+                    scheme.name()
+                ));
+            }
+            let m = x.numel().checked_div(k).unwrap_or(0);
+            crate::quant::dequant_matmul(
+                *scheme,
+                cx.out()?,
+                cx.input(0)?,
+                cx.input(1)?,
+                m,
+                w.dims[0],
+                k,
+            )
+        }
+        Op::CacheWrite { .. } => {
+            cx.f32_in(0)?;
+            cx.f32_in(1)?;
+            if !matches!(graph.node(node.inputs[0]).op, Op::Param { .. }) {
+                return Err("the cache (input 0) must be a Param: it is written in place".into());
+            }
+            let (c, r, p) = (
+                cx.shape(0).clone(),
+                cx.shape(1).clone(),
+                cx.shape(2).clone(),
+            );
+            if c.rank() != 3 || r.rank() != 3 || !p.dtype.is_index() || p.numel() != 1 {
+                return Err(format!(
+                    "cache {c}, rows {r}, position {p}: expected [B, ctx, D], [B, n, D], [1]"
+                ));
+            }
+            let cache = cx.input(0)?;
+            let mut v = crate::kv::cache_write(&crate::kv::CacheWrite {
+                cache,
+                rows: cx.input(1)?,
+                pos: cx.input(2)?,
+                pos64: p.dtype == DType::I64,
+                b: c.dims[0],
+                ctx: c.dims[1],
+                n: r.dims[1],
+                d: c.dims[2],
+                node: node.id.0,
+            })?;
+            // In place, the output is the cache itself (the executor's
+            // addresses); otherwise it also gets a copy of the updated cache.
+            v.extend(same_or_copy(&cx, 0, n * esz)?);
+            Ok(v)
+        }
+        Op::GatedDeltaNet { .. } | Op::Lstm { .. } => {
+            Err(format!("no CUDA kernel for {}", node.op.name()))
+        }
     }
 }
 
@@ -949,6 +1011,42 @@ fn attention<A: Addr>(
     }
     let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
     let (qw, kw) = (hq * d, hkv * d);
+    let mut args = vec![
+        Arg::P(cx.input(0)?),
+        Arg::P(cx.input(1)?),
+        Arg::P(cx.input(2)?),
+        Arg::P(cx.out()?),
+        Arg::I(int(qw, "q width")?),
+        Arg::I(int(kw, "k width")?),
+        Arg::I(int(kw, "v width")?),
+        Arg::I(int(qw, "out width")?),
+        Arg::I(int(sq, "S_q")?),
+        Arg::I(int(sk, "S_k")?),
+        Arg::I(hq as i32),
+        Arg::I(hkv as i32),
+        Arg::I(d as i32),
+        Arg::F(scale),
+        Arg::F(softcap.unwrap_or(0.0)),
+        Arg::I(mk),
+        Arg::I(int(window.min(i32::MAX as usize), "window")?),
+        Arg::P(mask),
+        Arg::I(bs[0]),
+        Arg::I(bs[1]),
+        Arg::I(bs[2]),
+        Arg::I(bs[3]),
+    ];
+    if sq <= crate::kv::ROWS_MAX_SQ {
+        // Few query rows (decode): one block per row. The kernel bounds the
+        // keys by the keep-mask's last kept key on the device, so the launch
+        // does not depend on the valid length (no explicit kv_len here).
+        args.push(Arg::P(0));
+        return Ok(vec![Launch::Kernel {
+            name: "attention_rows",
+            grid: [sq as u32, hq as u32, b as u32],
+            block: 256,
+            args,
+        }]);
+    }
     Ok(vec![Launch::Kernel {
         name: if d <= 32 {
             "attention_d32"
@@ -959,30 +1057,7 @@ fn attention<A: Addr>(
         },
         grid: [sq.div_ceil(8) as u32, hq as u32, b as u32],
         block: 128,
-        args: vec![
-            Arg::P(cx.input(0)?),
-            Arg::P(cx.input(1)?),
-            Arg::P(cx.input(2)?),
-            Arg::P(cx.out()?),
-            Arg::I(int(qw, "q width")?),
-            Arg::I(int(kw, "k width")?),
-            Arg::I(int(kw, "v width")?),
-            Arg::I(int(qw, "out width")?),
-            Arg::I(int(sq, "S_q")?),
-            Arg::I(int(sk, "S_k")?),
-            Arg::I(hq as i32),
-            Arg::I(hkv as i32),
-            Arg::I(d as i32),
-            Arg::F(scale),
-            Arg::F(softcap.unwrap_or(0.0)),
-            Arg::I(mk),
-            Arg::I(int(window.min(i32::MAX as usize), "window")?),
-            Arg::P(mask),
-            Arg::I(bs[0]),
-            Arg::I(bs[1]),
-            Arg::I(bs[2]),
-            Arg::I(bs[3]),
-        ],
+        args,
     }])
 }
 

@@ -55,3 +55,9 @@ pub use rlx_models::SentenceEmbedder;
 pub mod cpu {
     pub use rlx_cpu::*;
 }
+
+/// The CUDA backend (feature `cuda`).
+#[cfg(feature = "cuda")]
+pub mod cuda {
+    pub use rlx_cuda::*;
+}

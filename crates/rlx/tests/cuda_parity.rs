@@ -58,7 +58,15 @@ fn bindings(g: &Graph, rng: &mut Rng) -> HashMap<String, Tensor> {
                 _ => None,
             })
             .unwrap_or(8);
+        let packed_for = g.users(n.id).iter().find_map(|&u| match g.node(u).op {
+            Op::DequantMatMul { scheme, .. } if g.node(u).inputs[1] == n.id => Some(scheme),
+            _ => None,
+        });
         let t = match n.shape.dtype {
+            DType::F32 if name.starts_with("keep") => keep_mask(&n.shape.dims),
+            DType::U8 if packed_for.is_some() => {
+                packed_blocks(packed_for.unwrap(), &n.shape.dims, rng)
+            }
             DType::F32 => Tensor::f32(&n.shape.dims, rng.vec(numel, 1.0)),
             DType::I64 => Tensor::i64(
                 &n.shape.dims,
@@ -77,6 +85,42 @@ fn bindings(g: &Graph, rng: &mut Rng) -> HashMap<String, Tensor> {
         b.insert(name, t);
     }
     b
+}
+
+/// A `[B, S]` keep-mask with gaps and a different run of trailing zeros
+/// per row (row b keeps nothing past `S - 3 - 2b`).
+fn keep_mask(dims: &[usize]) -> Tensor {
+    let s = *dims.last().unwrap();
+    let v = (0..dims.iter().product::<usize>())
+        .map(|i| {
+            let (b, j) = (i / s, i % s);
+            let last = s.saturating_sub(3 + 2 * b);
+            (j <= last && j % 5 != 3) as u8 as f32
+        })
+        .collect();
+    Tensor::f32(dims, v)
+}
+
+/// Random GGUF blocks of `scheme` for a `u8 [N, row_bytes]` weight, with
+/// f16 scales (and Q4_1 minimums) of a few hundredths.
+fn packed_blocks(scheme: rlx::ir::QuantScheme, dims: &[usize], rng: &mut Rng) -> Tensor {
+    use rlx::ir::QuantScheme;
+    // f16: 0.0100, 0.0500, -0.0188, 0.1000, -0.0300
+    const SCALES: [u16; 5] = [0x211F, 0x2A66, 0xA4CD, 0x2E66, 0xA7AE];
+    let mut bytes: Vec<u8> = (0..dims.iter().product::<usize>())
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    let fields: &[usize] = match scheme {
+        QuantScheme::Q4_1 | QuantScheme::Q5_1 => &[0, 2],
+        _ => &[0],
+    };
+    for blk in bytes.chunks_exact_mut(scheme.block_bytes()) {
+        for &f in fields {
+            let h = SCALES[rng.below(SCALES.len())].to_le_bytes();
+            blk[f..f + 2].copy_from_slice(&h);
+        }
+    }
+    Tensor::u8(dims, bytes)
 }
 
 fn as_f32(t: &Tensor) -> Vec<f32> {
@@ -139,6 +183,14 @@ fn one(name: &str, op: Op, inputs: &[(&str, Shape, bool)]) -> Graph {
     let y = g.push(op, ids).unwrap_or_else(|e| panic!("{name}: {e}"));
     g.set_outputs(vec![y]);
     g
+}
+
+/// `DequantMatMul` with f32 activations.
+fn dequant_op(scheme: rlx::ir::QuantScheme) -> Op {
+    Op::DequantMatMul {
+        scheme,
+        activations: rlx::ir::ActivationPrecision::F32,
+    }
 }
 
 fn f(dims: &[usize]) -> Shape {
@@ -406,6 +458,123 @@ fn every_op_matches_the_cpu_backend() {
     let y = g.push(op, vec![q, q, q, m]).unwrap();
     g.set_outputs(vec![y]);
     cases.push(g);
+    // Few query rows (decode): one block per row, keys in chunks of 256, a
+    // keep-mask's extent read from device memory.
+    for mk in [
+        MaskKind::None,
+        MaskKind::Causal,
+        MaskKind::SlidingWindow(5),
+        MaskKind::Custom,
+        MaskKind::Bias,
+    ] {
+        cases.push(attn(mk, None, 9, 3, 64, 1, 300));
+        cases.push(attn(mk, None, 4, 4, 8, 3, 7));
+    }
+    cases.push(attn(MaskKind::Custom, Some(4.0), 2, 1, 128, 2, 513));
+    cases.push(attn(MaskKind::None, None, 3, 3, 24, 1, 1));
+    for (d, sk) in [(64, 300), (32, 40)] {
+        let mut g = Graph::new(format!("attn_decode_keep_{d}_{sk}"));
+        let q = g.input("q", f(&[2, 1, 6 * d]));
+        let k = g.input("k", f(&[2, sk, 2 * d]));
+        let v = g.input("v", f(&[2, sk, 2 * d]));
+        let m = g.input("keep", f(&[2, sk]));
+        let op = Op::Attention {
+            num_heads: 6,
+            head_dim: d,
+            mask_kind: MaskKind::Custom,
+            score_scale: None,
+            attn_logit_softcap: None,
+        };
+        let y = g.push(op, vec![q, k, v, m]).unwrap();
+        g.set_outputs(vec![y]);
+        cases.push(g);
+    }
+    let mut g = Graph::new("attn_decode_u8_mask");
+    let q = g.input("q", f(&[2, 1, 8]));
+    let kv = g.input("kv", f(&[2, 5, 8]));
+    let m = g.input("m", Shape::new(&[2, 5], DType::U8));
+    let op = Op::Attention {
+        num_heads: 2,
+        head_dim: 4,
+        mask_kind: MaskKind::Custom,
+        score_scale: Some(0.3),
+        attn_logit_softcap: None,
+    };
+    let y = g.push(op, vec![q, kv, kv, m]).unwrap();
+    g.set_outputs(vec![y]);
+    cases.push(g);
+    // DequantMatMul on packed blocks: GEMV (one row) and tiles (prefill),
+    // with N and M off the tile sizes.
+    for scheme in [
+        rlx::ir::QuantScheme::Q4_0,
+        rlx::ir::QuantScheme::Q4_1,
+        rlx::ir::QuantScheme::Q8_0,
+    ] {
+        for (x, n) in [
+            (vec![1, 1, 576], 192),
+            (vec![1, 64], 70),
+            (vec![1, 11, 96], 130),
+            (vec![2, 37, 64], 65),
+            (vec![3, 32], 1),
+        ] {
+            let k = *x.last().unwrap();
+            let rb = scheme.row_bytes(k).unwrap();
+            let mut g = Graph::new(format!("dequant_{}_{:?}_{n}", scheme.name(), x));
+            let xi = g.input("x", f(&x));
+            let w = g.param("w", Shape::new(&[n, rb], DType::U8));
+            let y = g
+                .push(dequant_op(scheme), vec![xi, w])
+                .unwrap_or_else(|e| panic!("dequant: {e}"));
+            g.set_outputs(vec![y]);
+            cases.push(g);
+        }
+    }
+    // CacheWrite in place into a param, as output and as an attention input
+    // (the decode pattern), with i64 and i32 positions.
+    for (idx, at, rows) in [
+        (DType::I64, 3usize, 1usize),
+        (DType::I32, 0, 4),
+        (DType::I64, 6, 2),
+    ] {
+        let mut g = Graph::new(format!("cache_write_{idx}_{at}_{rows}"));
+        let cache = g.param("cache", f(&[1, 8, 12]));
+        let r = g.input("rows", f(&[1, rows, 12]));
+        let p = g.constant(match idx {
+            DType::I64 => Tensor::i64(&[1], vec![at as i64]),
+            _ => Tensor::i32(&[1], vec![at as i32]),
+        });
+        let c = g
+            .push(Op::CacheWrite { axis: 1 }, vec![cache, r, p])
+            .unwrap();
+        g.set_outputs(vec![c]);
+        cases.push(g);
+    }
+    {
+        let mut g = Graph::new("cache_write_then_attend");
+        let ck = g.param("cache.k", f(&[1, 16, 8]));
+        let cv = g.param("cache.v", f(&[1, 16, 8]));
+        let q = g.input("q", f(&[1, 1, 16]));
+        let k = g.input("k", f(&[1, 1, 8]));
+        let v = g.input("v", f(&[1, 1, 8]));
+        let pos = g.input("pos", Shape::new(&[1], DType::I64));
+        let keep = g.input("keep", f(&[1, 16]));
+        let ck = g
+            .push(Op::CacheWrite { axis: 1 }, vec![ck, k, pos])
+            .unwrap();
+        let cv = g
+            .push(Op::CacheWrite { axis: 1 }, vec![cv, v, pos])
+            .unwrap();
+        let op = Op::Attention {
+            num_heads: 2,
+            head_dim: 8,
+            mask_kind: MaskKind::Custom,
+            score_scale: None,
+            attn_logit_softcap: None,
+        };
+        let a = g.push(op, vec![q, ck, cv, keep]).unwrap();
+        g.set_outputs(vec![a, ck]);
+        cases.push(g);
+    }
     cases.push(one(
         "softmax_last",
         Op::Softmax { axis: 2 },
@@ -633,17 +802,11 @@ fn hybrid_is_fewer_dispatches_and_errors_are_typed() {
         .unwrap();
     assert_eq!(out[0].shape.dims, vec![3, 8]);
     // An op with no CUDA kernel is a typed error at compile time.
-    let mut g = Graph::new("lstm-free");
+    let mut g = Graph::new("q5-free");
     let xq = g.input("x", f(&[1, 32]));
-    let wq = g.param("w", Shape::new(&[4, 18], DType::U8));
+    let wq = g.param("w", Shape::new(&[4, 22], DType::U8));
     let y = g
-        .push(
-            Op::DequantMatMul {
-                scheme: rlx::ir::QuantScheme::Q4_0,
-                activations: rlx::ir::ActivationPrecision::F32,
-            },
-            vec![xq, wq],
-        )
+        .push(dequant_op(rlx::ir::QuantScheme::Q5_0), vec![xq, wq])
         .unwrap();
     g.set_outputs(vec![y]);
     let err = Session::new(Device::Cuda(0))

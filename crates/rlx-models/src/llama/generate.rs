@@ -4,9 +4,57 @@ use super::graph::{build_graph, cache_names, extend_bias, Phase};
 use super::{LlamaConfig, LlamaError, LlamaWeights};
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_formats::GgufFile;
+#[cfg(feature = "cuda")]
+use rlx_ir::{Graph, Op};
 use rlx_ir::{Tensor, TensorData};
 use rlx_runtime::{Executable, TensorRef};
 use std::path::Path;
+
+/// Where a [`LlamaModel`] runs.
+#[derive(Debug, Clone)]
+pub enum LlamaDevice {
+    /// The CPU backend with these options.
+    Cpu(CpuOptions),
+    /// A CUDA GPU (feature `cuda`). The weights and the KV caches live on
+    /// the device once, shared by the decode model and the prefill model.
+    #[cfg(feature = "cuda")]
+    Cuda(rlx_cuda::CudaOptions),
+}
+
+/// The compiled decode model and the last prefill model, per backend.
+// One per loaded model: the size difference between the variants is moot.
+#[allow(clippy::large_enum_variant)]
+enum Engine {
+    Cpu {
+        opts: CpuOptions,
+        decode: CpuModel,
+        /// The last compiled prefill (or extend) model and its phase.
+        prefill: Option<(Phase, CpuModel)>,
+        /// Whether the caches currently live in the decode model (else in
+        /// the prefill model).
+        caches_in_decode: bool,
+    },
+    /// Caches never move: the prefill model uses the decode model's device
+    /// buffers for every param (`CudaModel::share_params`).
+    #[cfg(feature = "cuda")]
+    Cuda {
+        opts: rlx_cuda::CudaOptions,
+        decode: rlx_cuda::CudaModel,
+        prefill: Option<(Phase, rlx_cuda::CudaModel)>,
+    },
+}
+
+/// Names of every param of `g`.
+#[cfg(feature = "cuda")]
+fn param_names(g: &Graph) -> Vec<String> {
+    g.nodes()
+        .iter()
+        .filter_map(|n| match &n.op {
+            Op::Param { name } => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
+}
 
 /// The index of the largest logit (the first one on ties; NaN never wins).
 /// `0` for an empty slice.
@@ -22,27 +70,21 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// A Llama-family decoder compiled for the CPU, with a KV cache of
-/// `ctx_len` positions.
+/// A Llama-family decoder compiled for the CPU or a CUDA GPU, with a KV
+/// cache of `ctx_len` positions.
 ///
 /// [`prefill`](Self::prefill) runs a prompt from position 0 (resetting the
 /// cache) and returns the next-token logits; [`decode`](Self::decode) feeds
-/// one more token. The caches are params moved (not copied) between the
-/// prefill model (one per prompt length, the last one kept) and the decode
-/// model.
+/// one more token. On the CPU the caches are params moved (not copied)
+/// between the prefill model (one per prompt length, the last one kept) and
+/// the decode model; on CUDA both models use the same device buffers.
 pub struct LlamaModel {
     config: LlamaConfig,
     weights: LlamaWeights,
     ctx_len: usize,
-    opts: CpuOptions,
-    decode: CpuModel,
-    /// The last compiled prefill (or extend) model and its phase.
-    prefill: Option<(Phase, CpuModel)>,
+    engine: Engine,
     /// Tokens currently in the cache.
     pos: usize,
-    /// Whether the caches currently live in the decode model (else in the
-    /// prefill model).
-    caches_in_decode: bool,
 }
 
 impl std::fmt::Debug for LlamaModel {
@@ -68,42 +110,82 @@ impl LlamaModel {
         ctx_len: usize,
         opts: CpuOptions,
     ) -> Result<LlamaModel, LlamaError> {
+        Self::load_on(gguf_path, ctx_len, LlamaDevice::Cpu(opts))
+    }
+
+    /// Load a GGUF file to run on `device`.
+    pub fn load_on(
+        gguf_path: impl AsRef<Path>,
+        ctx_len: usize,
+        device: LlamaDevice,
+    ) -> Result<LlamaModel, LlamaError> {
         let f = GgufFile::open(gguf_path)?;
         let config = LlamaConfig::from_gguf(&f)?;
         let weights = LlamaWeights::load(&f, &config)?;
-        Self::from_weights(weights, ctx_len, opts)
+        Self::from_weights_on(weights, ctx_len, device)
     }
 
-    /// Build from already loaded weights.
+    /// Build from already loaded weights, on the CPU.
     pub fn from_weights(
         weights: LlamaWeights,
         ctx_len: usize,
         opts: CpuOptions,
+    ) -> Result<LlamaModel, LlamaError> {
+        Self::from_weights_on(weights, ctx_len, LlamaDevice::Cpu(opts))
+    }
+
+    /// Build from already loaded weights, on `device`.
+    pub fn from_weights_on(
+        weights: LlamaWeights,
+        ctx_len: usize,
+        device: LlamaDevice,
     ) -> Result<LlamaModel, LlamaError> {
         if ctx_len == 0 {
             return Err(LlamaError::ContextOverflow { needed: 1, ctx_len });
         }
         let config = weights.config.clone();
         let g = build_graph(&weights, Phase::Decode, ctx_len)?;
-        let mut decode = CpuModel::compile(g, &opts)?;
-        bind_weights(&mut decode, &weights)?;
         let kv = config.kv_dim();
-        for l in 0..config.n_layers {
-            let (k, v) = cache_names(l);
-            for name in [k, v] {
-                let t = Tensor::f32(&[1, ctx_len, kv], vec![0.0; ctx_len * kv]);
-                decode.set_param_tensor(&name, t)?;
+        let zero_caches = |m: &mut dyn Executable| -> Result<(), LlamaError> {
+            for l in 0..config.n_layers {
+                let (k, v) = cache_names(l);
+                for name in [k, v] {
+                    let t = Tensor::f32(&[1, ctx_len, kv], vec![0.0; ctx_len * kv]);
+                    m.set_param_tensor(&name, t)?;
+                }
             }
-        }
+            Ok(())
+        };
+        let engine = match device {
+            LlamaDevice::Cpu(opts) => {
+                let mut decode = CpuModel::compile(g, &opts)?;
+                bind_weights(&mut decode, &weights)?;
+                zero_caches(&mut decode)?;
+                Engine::Cpu {
+                    opts,
+                    decode,
+                    prefill: None,
+                    caches_in_decode: true,
+                }
+            }
+            #[cfg(feature = "cuda")]
+            LlamaDevice::Cuda(opts) => {
+                let mut decode = rlx_cuda::CudaModel::compile(g, &opts)?;
+                bind_weights(&mut decode, &weights)?;
+                zero_caches(&mut decode)?;
+                Engine::Cuda {
+                    opts,
+                    decode,
+                    prefill: None,
+                }
+            }
+        };
         Ok(LlamaModel {
             config,
             weights,
             ctx_len,
-            opts,
-            decode,
-            prefill: None,
+            engine,
             pos: 0,
-            caches_in_decode: true,
         })
     }
 
@@ -123,8 +205,22 @@ impl LlamaModel {
     }
 
     /// The compiled decode model (for reports and memory stats).
-    pub fn decode_model(&self) -> &CpuModel {
-        &self.decode
+    pub fn decode_model(&self) -> &dyn Executable {
+        match &self.engine {
+            Engine::Cpu { decode, .. } => decode,
+            #[cfg(feature = "cuda")]
+            Engine::Cuda { decode, .. } => decode,
+        }
+    }
+
+    /// Device operations (kernel launches, gemms, copies) per decode step,
+    /// inside CUDA graphs included: `Some` on CUDA after the first decode.
+    pub fn decode_device_ops(&self) -> Option<usize> {
+        match &self.engine {
+            Engine::Cpu { .. } => None,
+            #[cfg(feature = "cuda")]
+            Engine::Cuda { decode, .. } => decode.device_ops(),
+        }
     }
 
     fn check_ids(&self, ids: &[u32], first_position: usize) -> Result<(), LlamaError> {
@@ -140,18 +236,29 @@ impl LlamaModel {
         Ok(())
     }
 
-    /// Move every cache param from one model to the other.
+    /// Move every cache param between the CPU prefill and decode models
+    /// (nothing to do on CUDA, where they share device buffers).
     fn move_caches(&mut self, to_decode: bool) -> Result<(), LlamaError> {
-        if self.caches_in_decode == to_decode {
+        let (decode, prefill, caches_in_decode) = match &mut self.engine {
+            Engine::Cpu {
+                decode,
+                prefill,
+                caches_in_decode,
+                ..
+            } => (decode, prefill, caches_in_decode),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda { .. } => return Ok(()),
+        };
+        if *caches_in_decode == to_decode {
             return Ok(());
         }
-        let Some((_, pre)) = self.prefill.as_mut() else {
+        let Some((_, pre)) = prefill.as_mut() else {
             return Ok(());
         };
         let (from, to) = if to_decode {
-            (pre, &mut self.decode)
+            (pre, decode)
         } else {
-            (&mut self.decode, pre)
+            (decode, pre)
         };
         for l in 0..self.config.n_layers {
             let (k, v) = cache_names(l);
@@ -169,7 +276,44 @@ impl LlamaModel {
                 to.set_param_tensor(&name, t)?;
             }
         }
-        self.caches_in_decode = to_decode;
+        *caches_in_decode = to_decode;
+        Ok(())
+    }
+
+    /// Compile the prefill-slot model for `phase` (a prefill or an extend of
+    /// some length) unless the last one is that.
+    fn ensure_prefill(&mut self, phase: Phase) -> Result<(), LlamaError> {
+        let have = match &self.engine {
+            Engine::Cpu { prefill, .. } => prefill.as_ref().map(|p| p.0),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda { prefill, .. } => prefill.as_ref().map(|p| p.0),
+        };
+        if have == Some(phase) {
+            return Ok(());
+        }
+        // Bring the caches home before dropping the old prefill model.
+        self.move_caches(true)?;
+        let g = build_graph(&self.weights, phase, self.ctx_len)?;
+        match &mut self.engine {
+            Engine::Cpu { opts, prefill, .. } => {
+                let mut m = CpuModel::compile(g, opts)?;
+                bind_weights(&mut m, &self.weights)?;
+                *prefill = Some((phase, m));
+            }
+            #[cfg(feature = "cuda")]
+            Engine::Cuda {
+                opts,
+                decode,
+                prefill,
+            } => {
+                let names = param_names(&g);
+                // Drop the old model first: its device memory is freed.
+                *prefill = None;
+                let mut m = rlx_cuda::CudaModel::compile(g, opts)?;
+                m.share_params(decode, &names)?;
+                *prefill = Some((phase, m));
+            }
+        }
         Ok(())
     }
 
@@ -239,25 +383,25 @@ impl LlamaModel {
         self.logits(out)
     }
 
-    /// Run the prefill-slot model of `phase` (compiled on first use, one
-    /// kept) on `inputs`, with the caches moved in for the run and back to
-    /// the decode model after it.
+    /// Run the prefill-slot model of `phase` on `inputs`, with the caches
+    /// moved in for the run and back to the decode model after it.
     fn run_prefill_slot(
         &mut self,
         phase: Phase,
         inputs: &[(&str, TensorRef<'_>)],
     ) -> Result<Vec<Tensor>, LlamaError> {
-        if self.prefill.as_ref().map(|(ph, _)| *ph) != Some(phase) {
-            // Bring the caches home before dropping the old prefill model.
-            self.move_caches(true)?;
-            let g = build_graph(&self.weights, phase, self.ctx_len)?;
-            let mut m = CpuModel::compile(g, &self.opts)?;
-            bind_weights(&mut m, &self.weights)?;
-            self.prefill = Some((phase, m));
-        }
+        self.ensure_prefill(phase)?;
         self.move_caches(false)?;
-        let Some((_, m)) = self.prefill.as_mut() else {
-            return Err(LlamaError::NoPrefill);
+        let m: &mut dyn Executable = match &mut self.engine {
+            Engine::Cpu { prefill, .. } => match prefill.as_mut() {
+                Some((_, m)) => m,
+                None => return Err(LlamaError::NoPrefill),
+            },
+            #[cfg(feature = "cuda")]
+            Engine::Cuda { prefill, .. } => match prefill.as_mut() {
+                Some((_, m)) => m,
+                None => return Err(LlamaError::NoPrefill),
+            },
         };
         let out = m.run(inputs);
         // Hand the caches to the decode model even if the run failed.
@@ -284,7 +428,12 @@ impl LlamaModel {
         self.move_caches(true)?;
         let mut mask = vec![0.0f32; self.ctx_len];
         mask[..=p].fill(1.0);
-        let out = self.decode.run(&[
+        let decode: &mut dyn Executable = match &mut self.engine {
+            Engine::Cpu { decode, .. } => decode,
+            #[cfg(feature = "cuda")]
+            Engine::Cuda { decode, .. } => decode,
+        };
+        let out = decode.run(&[
             ("ids", TensorRef::I64(&[i64::from(id)])),
             ("pos", TensorRef::I64(&[p as i64])),
             ("kv_mask", TensorRef::F32(&mask)),
@@ -380,7 +529,7 @@ impl LlamaModel {
 }
 
 /// Bind every weight (shared, not copied) into a compiled model.
-fn bind_weights(m: &mut CpuModel, w: &LlamaWeights) -> Result<(), LlamaError> {
+fn bind_weights(m: &mut dyn Executable, w: &LlamaWeights) -> Result<(), LlamaError> {
     for (name, t) in &w.tensors {
         m.set_param_tensor(name, t.clone())?;
     }

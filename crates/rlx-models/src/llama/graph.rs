@@ -7,7 +7,8 @@
 //! followed by an `Add` of the bias where the weights have one), with
 //! the activation precision of [`LlamaWeights::activations`]. When
 //! the weights hold merged projections ([`LlamaWeights::merge_projections`]),
-//! q/k/v come from one `DequantMatMul` split with `Narrow`, and gate/up from
+//! q/k/v come from one `DequantMatMul` split with `Narrow` (in decode, q and
+//! k are roped together before the split), and gate/up from
 //! one `DequantMatMul` feeding `FusedSwiGLU { packed: true }`.
 //!
 //! Inputs:
@@ -195,18 +196,26 @@ pub fn build_graph(
         let (q, k, v) = if b.w.linears.contains_key(&qkv_name(l)) {
             let qkv = b.linear(h, &qkv_name(l))?;
             let (dq, dkv) = (c.d_model, c.kv_dim());
-            let q = b.narrow(qkv, 0, dq)?;
-            let k = b.narrow(qkv, dq, dkv)?;
             let v = b.narrow(qkv, dq + dkv, dkv)?;
-            (q, k, v)
+            if s == 1 {
+                // One token: q and k heads rotate by the same position, so
+                // one Rope covers both (the narrows are views).
+                let qk = b.narrow(qkv, 0, dq + dkv)?;
+                let qk = b.g.push(rope.clone(), vec![qk, pos])?;
+                (b.narrow(qk, 0, dq)?, b.narrow(qk, dq, dkv)?, v)
+            } else {
+                let q = b.narrow(qkv, 0, dq)?;
+                let k = b.narrow(qkv, dq, dkv)?;
+                let q = b.g.push(rope.clone(), vec![q, pos])?;
+                (q, b.g.push(rope.clone(), vec![k, pos])?, v)
+            }
         } else {
             let q = b.linear(h, &p("attn_q"))?;
             let k = b.linear(h, &p("attn_k"))?;
             let v = b.linear(h, &p("attn_v"))?;
-            (q, k, v)
+            let q = b.g.push(rope.clone(), vec![q, pos])?;
+            (q, b.g.push(rope.clone(), vec![k, pos])?, v)
         };
-        let q = b.g.push(rope.clone(), vec![q, pos])?;
-        let k = b.g.push(rope.clone(), vec![k, pos])?;
         let (ck_name, cv_name) = cache_names(l);
         let ck = b.g.param(&ck_name, kv_shape.clone());
         let cv = b.g.param(&cv_name, kv_shape.clone());

@@ -7,7 +7,8 @@
 //! - [`LlamaWeights`]: every tensor the graphs bind, loaded from the file.
 //! - [`build_graph`]: the prefill graph (`S` tokens at positions `0..S`) or
 //!   the decode graph (one token at position `p`, attending over the cache).
-//! - [`LlamaModel`]: load, prefill, decode, generate.
+//! - [`LlamaModel`]: load, prefill, decode, generate, on the CPU or (feature
+//!   `cuda`) a CUDA GPU ([`LlamaDevice`]).
 //!
 //! Rope: GGUF converters permute the Q/K weights of `llama` models so that
 //! rotary pairs are adjacent; llama.cpp therefore uses its `NORM` rope
@@ -24,6 +25,6 @@ mod weights;
 
 pub use config::{LlamaConfig, SUPPORTED_ARCHS};
 pub use error::LlamaError;
-pub use generate::{argmax, LlamaModel};
+pub use generate::{argmax, LlamaDevice, LlamaModel};
 pub use graph::{build_graph, cache_names, extend_bias, Phase};
 pub use weights::{bias_name, gate_up_name, qkv_name, Linear, LlamaWeights, EMBED_TABLE};

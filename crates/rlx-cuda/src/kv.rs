@@ -1,0 +1,221 @@
+//! KV-cache kernels: `CacheWrite` in place, and attention for a few query
+//! rows (decode) that reads the valid KV length from device memory.
+//!
+//! - `cache_write`: rows `pos..pos + n` of a cache param are overwritten in
+//!   place; `pos` is read from device memory, so the launch is the same at
+//!   every step. A position outside the cache records `-(node + 1)` in the
+//!   status word and writes nothing.
+//! - `attention_rows`: one block per (query row, head, batch); keys in
+//!   tiles of 256, one per thread for the scores and one per warp for P.V,
+//!   online softmax across tiles. The valid KV length comes from device
+//!   memory: a `kv_len` i32 per batch row when given, and the last kept key
+//!   of a keep-mask, found by the block itself (the decode mask marks the
+//!   filled cache positions). A decode step over a preallocated cache
+//!   therefore costs the valid length, not the context, and no launch
+//!   depends on a host-side length: the step can be captured in one CUDA
+//!   graph and replayed at every position.
+
+use crate::lower::{Arg, Launch};
+
+/// Names of every kernel in [`SOURCE`].
+pub(crate) const KERNELS: &[&str] = &["cache_write", "attention_rows"];
+
+/// Query rows up to which attention uses `attention_rows`.
+pub(crate) const ROWS_MAX_SQ: usize = 4;
+
+/// The CUDA C source (its own NVRTC module).
+pub(crate) const SOURCE: &str = r#"
+#define KV_NEG_INF (__int_as_float(0xff800000))
+#define KV_TILE 256
+
+__device__ __forceinline__ float kv_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float kv_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Over a block of 256 threads; `red` holds 8 floats. Ends with a barrier.
+__device__ __forceinline__ float kv_block_sum8(float v, float* red) {
+    v = kv_warp_sum(v);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = ((red[0] + red[1]) + (red[2] + red[3])) + ((red[4] + red[5]) + (red[6] + red[7]));
+    __syncthreads();
+    return t;
+}
+
+__device__ __forceinline__ float kv_block_max8(float v, float* red) {
+    v = kv_warp_max(v);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = fmaxf(fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3])),
+                    fmaxf(fmaxf(red[4], red[5]), fmaxf(red[6], red[7])));
+    __syncthreads();
+    return t;
+}
+
+extern "C" {
+
+// cache [B, ctx, D] <- rows [B, n, D] at position pos[0] (i64 when pos64, else i32).
+__global__ void cache_write(float* cache, const float* rows, const void* pos, int pos64,
+                            int B, int ctx, int n, int D, int* status, int node) {
+    long long p = pos64 ? ((const long long*)pos)[0] : (long long)((const int*)pos)[0];
+    if (p < 0 || p + n > ctx) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) atomicCAS(status, 0, -(node + 1));
+        return;
+    }
+    long long per = (long long)n * D, total = (long long)B * per;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (; i < total; i += stride) {
+        long long b = i / per, rem = i - b * per;
+        cache[(b * ctx + p) * D + rem] = rows[i];
+    }
+}
+
+// One query row per block: grid (Sq, Hq, B), 256 threads, head_dim <= 128.
+// Keys in tiles of 256: one key per thread for the score (its K row read
+// with float4 loads when aligned), then P.V with one warp per key and the
+// lanes over dims; online softmax across tiles. The valid length is read
+// from device memory: keys at or past kv_len[b] (when given) are skipped,
+// and so are keys past the last kept key of a keep-mask (found here).
+// Arguments as the tiled attention kernels. mkind: 0 none, 1 causal,
+// 2 sliding window, 3 keep-mask f32, 4 keep-mask u8, 5 bias.
+__global__ void __launch_bounds__(256) attention_rows(
+    const float* q, const float* k, const float* v, float* out,
+    int qs, int ks, int vs, int os, int Sq, int Sk, int Hq, int Hkv, int D,
+    float scale, float softcap, int mkind, int window, const void* mask,
+    int b0, int b1, int b2, int b3, const int* kv_len) {
+    __shared__ float qsh[128];
+    __shared__ float sc[KV_TILE];
+    __shared__ float red[8];
+    __shared__ float part[8][128];
+    int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
+    int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    for (int d = tid; d < D; d += KV_TILE) qsh[d] = q[((long long)b * Sq + i) * qs + h * D + d];
+    int off = Sk - Sq;
+    int kend = Sk, kbeg = 0;
+    if (kv_len) kend = min(kend, kv_len[b]);
+    if (mkind == 3 || mkind == 4) {
+        float last = 0.0f;
+        for (int j = tid; j < kend; j += KV_TILE) {
+            bool keep = mkind == 4 ? ((const unsigned char*)mask)[(long long)b * Sk + j] != 0
+                                   : ((const float*)mask)[(long long)b * Sk + j] != 0.0f;
+            if (keep) last = (float)(j + 1);
+        }
+        kend = min(kend, (int)kv_block_max8(last, red));
+    }
+    if (mkind == 1 || mkind == 2) kend = min(kend, i + off + 1);
+    if (mkind == 2) kbeg = max(0, i + off - window + 1);
+    const float* kb = k + (long long)b * Sk * ks + hk * D;
+    const float* vb = v + (long long)b * Sk * vs + hk * D;
+    bool vec = (D & 3) == 0 && (ks & 3) == 0 && (((unsigned long long)kb) & 15) == 0;
+    float m = KV_NEG_INF, l = 0.0f;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    __syncthreads();
+    for (int c0 = kbeg; c0 < kend; c0 += KV_TILE) {
+        int cn = min(KV_TILE, kend - c0);
+        float s = KV_NEG_INF;
+        if (tid < cn) {
+            int key = c0 + tid;
+            const float* kr = kb + (long long)key * ks;
+            float dot = 0.0f;
+            if (vec) {
+                for (int d = 0; d < D; d += 4) {
+                    float4 kv4 = *(const float4*)(kr + d);
+                    dot += qsh[d] * kv4.x + qsh[d + 1] * kv4.y + qsh[d + 2] * kv4.z + qsh[d + 3] * kv4.w;
+                }
+            } else {
+                for (int d = 0; d < D; ++d) dot += qsh[d] * kr[d];
+            }
+            s = dot * scale;
+            if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+            if (mkind == 3 && ((const float*)mask)[(long long)b * Sk + key] == 0.0f) s = KV_NEG_INF;
+            if (mkind == 4 && ((const unsigned char*)mask)[(long long)b * Sk + key] == 0) s = KV_NEG_INF;
+            if (mkind == 5) s += ((const float*)mask)[(long long)b * b0 + (long long)h * b1 + (long long)i * b2 + (long long)key * b3];
+        }
+        float mnew = fmaxf(m, kv_block_max8(s, red));
+        if (mnew == KV_NEG_INF) continue;
+        float corr = (m == KV_NEG_INF) ? 0.0f : expf(m - mnew);
+        float p = (s == KV_NEG_INF) ? 0.0f : expf(s - mnew);
+        sc[tid] = p;
+        l = l * corr + kv_block_sum8(p, red);
+        #pragma unroll
+        for (int c = 0; c < 4; ++c) acc[c] *= corr;
+        #pragma unroll 4
+        for (int jj = warp; jj < cn; jj += 8) {
+            float pj = sc[jj];
+            const float* vr = vb + (long long)(c0 + jj) * vs;
+            #pragma unroll
+            for (int c = 0; c < 4; ++c)
+                if (lane + 32 * c < D) acc[c] += pj * vr[lane + 32 * c];
+        }
+        m = mnew;
+        __syncthreads();
+    }
+    #pragma unroll
+    for (int c = 0; c < 4; ++c)
+        if (lane + 32 * c < D) part[warp][lane + 32 * c] = acc[c];
+    __syncthreads();
+    if (tid < D) {
+        float t = 0.0f;
+        #pragma unroll
+        for (int w = 0; w < 8; ++w) t += part[w][tid];
+        out[((long long)b * Sq + i) * os + h * D + tid] = l > 0.0f ? t / l : 0.0f;
+    }
+}
+
+} // extern "C"
+"#;
+
+/// Where a `CacheWrite` reads and writes.
+pub(crate) struct CacheWrite {
+    /// The cache `[b, ctx, d]` (written in place).
+    pub cache: u64,
+    /// The new rows `[b, n, d]`.
+    pub rows: u64,
+    /// The start position, one integer in device memory.
+    pub pos: u64,
+    /// Whether the position is i64 (else i32).
+    pub pos64: bool,
+    /// Cache dims.
+    pub b: usize,
+    pub ctx: usize,
+    pub n: usize,
+    pub d: usize,
+    /// The node id, recorded in the status word on a bad position.
+    pub node: u32,
+}
+
+/// Lower a `CacheWrite`.
+pub(crate) fn cache_write(c: &CacheWrite) -> Result<Vec<Launch>, String> {
+    let int = |v: usize, what: &str| {
+        i32::try_from(v).map_err(|_| format!("{what} = {v} does not fit a 32-bit int"))
+    };
+    let total = c.b * c.n * c.d;
+    if total == 0 {
+        return Ok(vec![]);
+    }
+    int(c.b * c.ctx * c.d, "cache elements")?;
+    Ok(vec![Launch::Kernel {
+        name: "cache_write",
+        grid: [total.div_ceil(256).clamp(1, 8192) as u32, 1, 1],
+        block: 256,
+        args: vec![
+            Arg::P(c.cache),
+            Arg::P(c.rows),
+            Arg::P(c.pos),
+            Arg::I(c.pos64 as i32),
+            Arg::I(int(c.b, "batch")?),
+            Arg::I(int(c.ctx, "ctx")?),
+            Arg::I(int(c.n, "rows")?),
+            Arg::I(int(c.d, "width")?),
+            Arg::Status,
+            Arg::I(c.node as i32),
+        ],
+    }])
+}

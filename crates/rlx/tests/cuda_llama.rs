@@ -1,0 +1,159 @@
+//! SmolLM2-135M-Instruct (Q4_1 GGUF) on a CUDA GPU against the PyTorch
+//! reference (crates/rlx-models/tests/data/smollm2_logits.json): next-token
+//! top-10 logits within 0.02 and all 24 greedy ids, in thunks and hybrid
+//! mode (where the whole decode step is one CUDA graph); decode logits
+//! against the CPU backend.
+//!
+//! Skips with a message when no CUDA device is present or the model has
+//! not been fetched (`RLX_MODELS_DIR` or `~/.cache/rlx/models`).
+#![cfg(feature = "cuda")]
+
+use rlx::cpu::CpuOptions;
+use rlx::cuda::CudaOptions;
+use rlx::models::llama::{argmax, LlamaDevice, LlamaModel};
+use std::path::PathBuf;
+
+fn model_path() -> Option<PathBuf> {
+    if let Err(why) = rlx::cuda::cuda_available() {
+        println!("skipped: no CUDA device ({why})");
+        return None;
+    }
+    let dir = std::env::var_os("RLX_MODELS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models")))?;
+    let p = dir.join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        Some(p)
+    } else {
+        println!("skipped: model not fetched ({} missing)", p.display());
+        None
+    }
+}
+
+struct Case {
+    prompt: String,
+    prompt_ids: Vec<u32>,
+    top10: Vec<(u32, f32)>,
+    greedy: Vec<u32>,
+}
+
+fn reference() -> Vec<Case> {
+    let rel = "crates/rlx-models/tests/data/smollm2_logits.json";
+    let here = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../rlx-models/tests/data/smollm2_logits.json"
+    );
+    let text = std::fs::read_to_string(here)
+        .or_else(|_| std::fs::read_to_string(rel))
+        .expect("reference logits file");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids = |x: &serde_json::Value| -> Vec<u32> {
+        x.as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i.as_u64().unwrap() as u32)
+            .collect()
+    };
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Case {
+            prompt: c["prompt"].as_str().unwrap().to_string(),
+            prompt_ids: ids(&c["prompt_ids"]),
+            top10: c["top10_next"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| (p[0].as_u64().unwrap() as u32, p[1].as_f64().unwrap() as f32))
+                .collect(),
+            greedy: ids(&c["greedy_ids"]),
+        })
+        .collect()
+}
+
+fn run_mode(path: &PathBuf, hybrid: bool) {
+    let what = if hybrid { "cuda hybrid" } else { "cuda thunks" };
+    let opts = CudaOptions {
+        hybrid,
+        ..CudaOptions::default()
+    };
+    let mut m = LlamaModel::load_on(path, 64, LlamaDevice::Cuda(opts)).unwrap();
+    for case in reference() {
+        let logits = m.prefill(&case.prompt_ids).unwrap();
+        let mut worst = 0.0f32;
+        for &(id, want) in &case.top10 {
+            let got = logits[id as usize];
+            worst = worst.max((got - want).abs());
+            assert!(
+                (got - want).abs() <= 0.02,
+                "{what} '{}': logit of {id} is {got}, reference {want}",
+                case.prompt
+            );
+        }
+        assert_eq!(argmax(&logits), case.top10[0].0, "{what}: top-1");
+        let ids = m
+            .generate_greedy(&case.prompt_ids, case.greedy.len(), None)
+            .unwrap();
+        assert_eq!(ids, case.greedy, "{what} '{}': greedy ids", case.prompt);
+        println!(
+            "{what} '{}': top-10 max |diff| {worst:.5}, {} greedy ids equal",
+            case.prompt,
+            ids.len()
+        );
+    }
+    let dispatches = m.decode_model().report().dispatches;
+    let ops = m.decode_device_ops().expect("device ops after decoding");
+    println!("{what}: {dispatches} dispatches, {ops} device ops per decode step");
+    if hybrid {
+        assert_eq!(dispatches, 1, "the decode step is one CUDA graph");
+    }
+}
+
+#[test]
+fn smollm2_greedy_ids_match_reference_on_cuda() {
+    let Some(path) = model_path() else { return };
+    run_mode(&path, false);
+    run_mode(&path, true);
+}
+
+#[test]
+fn smollm2_decode_logits_match_the_cpu_backend() {
+    let Some(path) = model_path() else { return };
+    let case = &reference()[0];
+    let mut gpu = LlamaModel::load_on(
+        &path,
+        48,
+        LlamaDevice::Cuda(CudaOptions {
+            hybrid: true,
+            ..CudaOptions::default()
+        }),
+    )
+    .unwrap();
+    let mut cpu = LlamaModel::load_on(&path, 48, LlamaDevice::Cpu(CpuOptions::default())).unwrap();
+    let mut a = gpu.prefill(&case.prompt_ids).unwrap();
+    let mut b = cpu.prefill(&case.prompt_ids).unwrap();
+    let mut worst = 0.0f32;
+    for step in 0..12 {
+        let d = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        worst = worst.max(d);
+        assert!(d <= 2e-3, "step {step}: logits differ by {d}");
+        let id = argmax(&b);
+        a = gpu.decode(id).unwrap();
+        b = cpu.decode(id).unwrap();
+    }
+    // A second prompt reuses the caches from position 0.
+    let a = gpu.prefill(&case.prompt_ids[..4]).unwrap();
+    let b = cpu.prefill(&case.prompt_ids[..4]).unwrap();
+    let d = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(d <= 2e-3, "second prefill: logits differ by {d}");
+    println!("decode logits vs CPU over 12 steps: max |diff| {worst:.2e}");
+}
