@@ -63,18 +63,21 @@ pub struct PlanStats {
 pub struct Session {
     device: Device,
     mode: ExecMode,
-    policy: SplitPolicy,
+    /// The split policy set with [`Session::policy`], if any.
+    policy: Option<SplitPolicy>,
     threads: Option<usize>,
     poison: bool,
 }
 
 impl Session {
-    /// A session on `device`, in Thunks mode with the default split policy.
+    /// A session on `device`, in Thunks mode with the default split policy
+    /// (on the CPU, [`SplitPolicy::default`]; on CUDA, every op the CUDA
+    /// segment compiler can lower).
     pub fn new(device: Device) -> Self {
         Session {
             device,
             mode: ExecMode::Thunks,
-            policy: SplitPolicy::default(),
+            policy: None,
             threads: None,
             poison: false,
         }
@@ -88,7 +91,7 @@ impl Session {
 
     /// Set the split policy used in Hybrid mode.
     pub fn policy(mut self, policy: SplitPolicy) -> Self {
-        self.policy = policy;
+        self.policy = Some(policy);
         self
     }
 
@@ -112,7 +115,7 @@ impl Session {
                 graph,
                 &CpuOptions {
                     hybrid: self.mode == ExecMode::Hybrid,
-                    policy: self.policy.clone(),
+                    policy: self.policy.clone().unwrap_or_default(),
                     threads: self.threads,
                     poison_freed: self.poison,
                 },
@@ -120,12 +123,15 @@ impl Session {
             #[cfg(feature = "cuda")]
             Device::Cuda(i) => {
                 rlx_cuda::cuda_available().map_err(|e| Error::Device(format!("cuda:{i}: {e}")))?;
-                // Shapes are static per compiled model, so attention may enter
-                // a CUDA graph even where the session policy keeps it out.
-                let user = self.policy.clone();
-                let policy = SplitPolicy::new(move |op| {
-                    matches!(op, rlx_ir::Op::Attention { .. }) || user.allows(op)
-                });
+                // Every CUDA launch is fixed when it is lowered: shapes are
+                // static and attention reads its valid KV length on the device.
+                // So the CUDA segment compiler decides by capability (it
+                // claims each op it can lower); the default policy, written
+                // for the CPU, does not apply. An explicit policy does.
+                let policy = self
+                    .policy
+                    .clone()
+                    .unwrap_or_else(|| SplitPolicy::new(|_| true));
                 Box::new(rlx_cuda::CudaModel::compile(
                     graph,
                     &rlx_cuda::CudaOptions {
