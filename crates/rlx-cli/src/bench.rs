@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// Where to run (`cuda` needs a build with `--features cuda`).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
+    /// Arithmetic: f32, or on CUDA also tf32, bf16, f16 (16-bit weights and
+    /// activations, f32 accumulation).
+    #[arg(long, default_value = "f32")]
+    precision: rlx::Precision,
 }
 
 /// Run `rlx bench`.
@@ -55,6 +59,12 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         return cuda::run(&a, &cfg, dir.as_deref());
         #[cfg(not(feature = "cuda"))]
         return Err("--device cuda: the CUDA backend is not part of this build".into());
+    }
+    if a.precision != rlx::Precision::F32 {
+        return Err(format!(
+            "--precision {}: the CPU backend runs f32 only (use --device cuda)",
+            a.precision
+        ));
     }
     let mut synthetic;
     let mut loaded;
@@ -268,6 +278,7 @@ mod cuda {
         let t0 = Instant::now();
         let mut model = Session::new(Device::Cuda(0))
             .mode(mode)
+            .precision(a.precision)
             .compile(g)
             .map_err(|e| e.to_string())?;
         match dir {
@@ -337,15 +348,17 @@ mod cuda {
                 serde_json::json!({"median_ms": median, "min_ms": sorted[0], "times_ms": times,
                     "dispatches": st.dispatches, "compiled_segments": st.compiled_segments,
                     "thunk_ranges": st.thunk_ranges, "compile_and_first_run_ms": first_ms,
-                    "mode": format!("{:?}", a.mode).to_lowercase(), "batch": b, "seq": s, "device": "cuda"})
+                    "mode": format!("{:?}", a.mode).to_lowercase(), "batch": b, "seq": s, "device": "cuda",
+                    "precision": a.precision.name()})
             );
         } else {
             println!(
-                "{} {}x{} {:?} on cuda:0: median {:.3} ms over {} runs, {} dispatches",
+                "{} {}x{} {:?} {} on cuda:0: median {:.3} ms over {} runs, {} dispatches",
                 a.model,
                 b,
                 s,
                 a.mode,
+                a.precision,
                 median,
                 times.len(),
                 st.dispatches

@@ -2,7 +2,7 @@
 
 use crate::{default_minilm, DeviceArg, Mode};
 use clap::{Args, ValueEnum};
-use rlx::models::{EmbedOptions, SentenceEmbedder};
+use rlx::models::{EmbedDevice, EmbedOptions, SentenceEmbedder};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
@@ -41,9 +41,34 @@ pub struct EmbedArgs {
     /// Worker threads.
     #[arg(long)]
     threads: Option<usize>,
-    /// Device.
+    /// Device (`cuda` needs a build with `--features cuda`).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
+    /// Arithmetic: f32, or on CUDA also tf32, bf16, f16.
+    #[arg(long, default_value = "f32")]
+    precision: rlx::Precision,
+}
+
+/// The embedder's device for the arguments.
+fn embed_device(a: &EmbedArgs) -> Result<EmbedDevice, String> {
+    match a.device {
+        DeviceArg::Cpu if a.precision != rlx::Precision::F32 => Err(format!(
+            "--precision {}: the CPU backend runs f32 only (use --device cuda)",
+            a.precision
+        )),
+        DeviceArg::Cpu => Ok(EmbedDevice::Cpu),
+        #[cfg(feature = "cuda")]
+        DeviceArg::Cuda => {
+            rlx::cuda::cuda_available().map_err(|e| format!("--device cuda: {e}"))?;
+            Ok(EmbedDevice::Cuda(rlx::cuda::CudaOptions {
+                hybrid: a.mode == Mode::Hybrid,
+                precision: a.precision,
+                ..Default::default()
+            }))
+        }
+        #[cfg(not(feature = "cuda"))]
+        DeviceArg::Cuda => Err("--device cuda: the CUDA backend is not part of this build".into()),
+    }
 }
 
 fn read_lines(r: impl BufRead, what: &str) -> Result<Vec<String>, String> {
@@ -54,9 +79,7 @@ fn read_lines(r: impl BufRead, what: &str) -> Result<Vec<String>, String> {
 
 /// Run `rlx embed`.
 pub fn run(a: EmbedArgs) -> Result<(), String> {
-    if a.device == DeviceArg::Cuda {
-        return Err("--device cuda: the CUDA backend is not part of this build".into());
-    }
+    let device = embed_device(&a)?;
     if a.batch_size == 0 {
         return Err("--batch-size must be at least 1".into());
     }
@@ -92,7 +115,7 @@ pub fn run(a: EmbedArgs) -> Result<(), String> {
         threads: a.threads,
         optimize: true,
     };
-    let mut model = SentenceEmbedder::load_with(&dir, opts).map_err(|e| e.to_string())?;
+    let mut model = SentenceEmbedder::load_on(&dir, opts, device).map_err(|e| e.to_string())?;
     let bar = (texts.len() > 300).then(|| {
         let b = indicatif::ProgressBar::new(texts.len() as u64);
         b.set_draw_target(indicatif::ProgressDrawTarget::stderr());

@@ -1,11 +1,11 @@
 //! `rlx plan`.
 
-use crate::Mode;
+use crate::{DeviceArg, Mode};
 use clap::Args;
 use rlx::cpu::{CpuModel, CpuOptions};
 use rlx::hybrid::PlanReport;
 use rlx::models::bert::{build_graph, BertConfig, BertOutputs};
-use rlx::runtime::Executable;
+use rlx::runtime::{Executable, MemoryStats};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -45,6 +45,64 @@ pub struct PlanArgs {
     /// Also print the graph, one line per node.
     #[arg(long)]
     dump: bool,
+    /// Plan for this device. `cuda` shows the CUDA segment plan (what
+    /// becomes one CUDA graph, what stays on thunks and why) and the
+    /// storage plan; it needs a build with `--features cuda` but no GPU.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
+    /// Arithmetic to plan for (CUDA: f32, tf32, bf16, f16).
+    #[arg(long, default_value = "f32")]
+    precision: rlx::Precision,
+}
+
+/// The plan of one device: report, arena figures, device-specific lines
+/// and JSON fields.
+struct Planned {
+    report: PlanReport,
+    memory: MemoryStats,
+    lines: Vec<String>,
+    extra: serde_json::Value,
+}
+
+fn plan_cpu(g: &rlx::ir::Graph, a: &PlanArgs) -> Result<Planned, String> {
+    if a.precision != rlx::Precision::F32 {
+        return Err(format!(
+            "--precision {}: the CPU backend runs f32 only (use --device cuda)",
+            a.precision
+        ));
+    }
+    let model = compile(g, a.mode == Mode::Hybrid)?;
+    Ok(Planned {
+        report: model.report().clone(),
+        memory: model.memory(),
+        lines: vec![],
+        extra: json!({}),
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn plan_cuda(g: &rlx::ir::Graph, a: &PlanArgs) -> Result<Planned, String> {
+    let opts = rlx::cuda::CudaOptions {
+        hybrid: a.mode == Mode::Hybrid,
+        precision: a.precision,
+        ..Default::default()
+    };
+    let p = rlx::cuda::plan(g.clone(), &opts).map_err(|e| e.to_string())?;
+    Ok(Planned {
+        lines: vec![format!(
+            "cuda storage ({}): {} tensors in 16 bits, {} matmul weights stored [out, in], {} narrows read in place by attention",
+            a.precision, p.half_tensors, p.transposed_weights, p.folded_narrows
+        )],
+        extra: json!({"half_tensors": p.half_tensors, "transposed_weights": p.transposed_weights,
+            "folded_narrows": p.folded_narrows}),
+        report: p.report,
+        memory: p.memory,
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn plan_cuda(_: &rlx::ir::Graph, _: &PlanArgs) -> Result<Planned, String> {
+    Err("--device cuda: the CUDA backend is not part of this build".into())
 }
 
 /// Resolve a `--model` value to a config and whether the graph pools.
@@ -168,14 +226,19 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
         let (cfg, pooled, _) = resolve_config(&a.model)?;
         graph_for(&cfg, pooled, a.batch, a.seq, !a.no_opt)?
     };
-    let model = compile(&g, a.mode == Mode::Hybrid)?;
-    let r = model.report();
-    let mem = model.memory();
+    let planned = match a.device {
+        DeviceArg::Cpu => plan_cpu(&g, &a)?,
+        DeviceArg::Cuda => plan_cuda(&g, &a)?,
+    };
+    let r = &planned.report;
+    let mem = planned.memory;
     let ops = g.op_counts();
     if a.json {
         let mut v = json!({
             "graph": g.name,
             "mode": format!("{:?}", a.mode).to_lowercase(),
+            "device": format!("{:?}", a.device).to_lowercase(),
+            "precision": a.precision.name(),
             "compiled_segments": r.compiled_segments,
             "thunk_ranges": r.thunk_ranges,
             "dispatches": r.dispatches,
@@ -190,13 +253,22 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
         if let (Some(obj), serde_json::Value::Object(extra)) = (v.as_object_mut(), report_json(r)) {
             obj.extend(extra);
         }
+        if let (Some(obj), serde_json::Value::Object(extra)) = (v.as_object_mut(), planned.extra) {
+            obj.extend(extra);
+        }
         println!("{v}");
         return Ok(());
     }
     if a.dump {
         print!("{g}");
     }
-    println!("plan for {} ({} nodes), mode {:?}", g.name, g.len(), a.mode);
+    println!(
+        "plan for {} ({} nodes), mode {:?}, device {:?}",
+        g.name,
+        g.len(),
+        a.mode,
+        a.device
+    );
     let mut si = 0;
     let mut ri = 0;
     // Steps in order: interleave segments and ranges by their first node.
@@ -230,6 +302,9 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
         "arena {} bytes (naive sum {} bytes), segment scratch {} bytes",
         mem.arena_bytes, mem.naive_bytes, mem.scratch_bytes
     );
+    for l in &planned.lines {
+        println!("{l}");
+    }
     let ops: Vec<String> = ops.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!("ops: {}", ops.join(" "));
     let acts = dequant_activations(&g);

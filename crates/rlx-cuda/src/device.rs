@@ -2,7 +2,7 @@
 //! device and pinned buffers, captured graphs.
 
 use crate::kernels::{KERNELS, SOURCE};
-use crate::{kv, quant};
+use crate::{kv, mixed, quant};
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaStream};
 use std::collections::HashMap;
@@ -51,6 +51,7 @@ const MODULES: &[(&str, &[&str])] = &[
     (SOURCE, KERNELS),
     (quant::SOURCE, quant::KERNELS),
     (kv::SOURCE, kv::KERNELS),
+    (mixed::SOURCE, mixed::KERNELS),
 ];
 
 /// PTX images by (module index, compute capability).
@@ -141,7 +142,7 @@ pub(crate) struct Gpu {
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) blas: blas_sys::cublasHandle_t,
     kernels: Arc<Loaded>,
-    _workspace: DeviceBuffer,
+    workspace: DeviceBuffer,
 }
 
 // SAFETY: the cuBLAS handle is only used through `&mut CudaModel`, one
@@ -183,7 +184,7 @@ impl Gpu {
             stream,
             blas: handle,
             kernels,
-            _workspace: workspace,
+            workspace,
         })
     }
 
@@ -194,6 +195,12 @@ impl Gpu {
             .get(name)
             .map(|f| f.0)
             .ok_or_else(|| format!("cuda: kernel {name} is not in the module"))
+    }
+
+    /// The cuBLAS workspace (address, bytes), shared by cuBLAS and cuBLASLt
+    /// calls on this stream.
+    pub(crate) fn workspace(&self) -> (u64, usize) {
+        (self.workspace.ptr, WORKSPACE)
     }
 
     /// Make the context current on this thread.

@@ -2,8 +2,8 @@
 //! once, thunks as one launch per op, compiled segments as CUDA graphs.
 
 use crate::device::{DeviceBuffer, Gpu, Graph as CuGraph, Pinned};
-use crate::lower::{lower, view_of, Arg, Launch};
-use cudarc::cublas::{result as blas, sys as blas_sys};
+use crate::lower::{epilogue_launch, lower, view_of, view_of_st, Arg, Launch, WithStore};
+use crate::store::{device_bytes, Store, StorePlan};
 use cudarc::driver::{result as drv, sys as drv_sys};
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_ir::{Graph, Node, NodeId, Op, Shape, Tensor};
@@ -12,10 +12,15 @@ use rlx_runtime::hybrid::{
     build_plan, HybridPlan, PlanReport, SegmentCompiler, SplitPolicy, Step, SubGraph,
 };
 use rlx_runtime::memory::{plan_memory, MemoryPlan, Tick};
-use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef};
+use rlx_runtime::{Executable, MemoryStats, Precision, RuntimeError, TensorRef};
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::sync::Arc;
+
+mod buckets;
+mod summary;
+
+pub use summary::{plan, CudaPlan};
 
 /// How to compile a graph for a CUDA device.
 #[derive(Debug, Clone)]
@@ -27,6 +32,12 @@ pub struct CudaOptions {
     /// Which ops may enter compiled segments (default: every op the
     /// backend can run; attention included, since its shapes are static).
     pub policy: SplitPolicy,
+    /// Arithmetic of float tensors: `F32` (default), `Tf32` (TF32 tensor
+    /// core matmuls), or `Bf16` / `F16`: matmul weights converted once at
+    /// upload, activations 16-bit between ops with mixed-precision kernels,
+    /// matmuls on tensor cores with f32 accumulation, norms / softmax /
+    /// reductions accumulating in f32. Inputs and outputs stay f32.
+    pub precision: Precision,
 }
 
 impl Default for CudaOptions {
@@ -35,6 +46,7 @@ impl Default for CudaOptions {
             device: 0,
             hybrid: false,
             policy: SplitPolicy::new(|_| true),
+            precision: Precision::F32,
         }
     }
 }
@@ -148,7 +160,10 @@ enum Work {
         block: u32,
         args: Box<[u64]>,
     },
+    /// A gemm through `cublasGemmStridedBatchedEx` (no epilogue).
     Gemm(crate::lower::Gemm),
+    /// A planned cuBLASLt matmul (epilogue included).
+    Lt(Box<crate::lt::LtMatmul>),
     Copy {
         dst: u64,
         src: u64,
@@ -166,6 +181,7 @@ impl Work {
         match self {
             Work::Kernel { name, .. } => name,
             Work::Gemm(_) => "gemm",
+            Work::Lt(_) => "gemm-lt",
             Work::Copy { .. } => "copy",
             Work::Zero { .. } => "memset",
         }
@@ -206,57 +222,8 @@ impl Ready {
                 }
                 .map_err(|e| format!("launch: {e:?}"))
             }
-            Work::Gemm(g) if g.batch == 1 => {
-                let (alpha, beta) = (1.0f32, 0.0f32);
-                // SAFETY: as for the batched call below, with one matrix.
-                unsafe {
-                    blas::sgemm(
-                        gpu.blas,
-                        blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                        blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                        g.m,
-                        g.n,
-                        g.k,
-                        &alpha,
-                        g.a as *const f32,
-                        g.lda,
-                        g.b as *const f32,
-                        g.ldb,
-                        &beta,
-                        g.c as *mut f32,
-                        g.ldc,
-                    )
-                }
-                .map_err(|e| format!("cublasSgemm: {e:?}"))
-            }
-            Work::Gemm(g) => {
-                let (alpha, beta) = (1.0f32, 0.0f32);
-                // SAFETY: all addresses were lowered from live device buffers with
-                // the sizes the gemm reads and writes; alpha/beta are host scalars.
-                unsafe {
-                    blas::sgemm_strided_batched(
-                        gpu.blas,
-                        blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                        blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                        g.m,
-                        g.n,
-                        g.k,
-                        &alpha,
-                        g.a as *const f32,
-                        g.lda,
-                        g.sa,
-                        g.b as *const f32,
-                        g.ldb,
-                        g.sb,
-                        &beta,
-                        g.c as *mut f32,
-                        g.ldc,
-                        g.sc,
-                        g.batch,
-                    )
-                }
-                .map_err(|e| format!("cublasSgemmStridedBatched: {e:?}"))
-            }
+            Work::Gemm(g) => crate::lt::gemm_ex(gpu, g),
+            Work::Lt(m) => m.issue(gpu),
             Work::Copy { dst, src, bytes } => {
                 // SAFETY: both ranges lie in live device allocations (lowered from the plan).
                 unsafe { drv::memcpy_dtod_async(*dst, *src, *bytes, stream) }
@@ -284,17 +251,68 @@ struct Core {
     report: PlanReport,
     mem: MemoryPlan,
     scratch_bytes: usize,
+    /// How each node is stored on the device (precision, weight layout).
+    store: StorePlan,
+    /// Param name -> node.
+    param_ids: HashMap<String, NodeId>,
 }
 
 impl Core {
     fn new(graph: Graph, opts: &CudaOptions) -> Core {
-        let plan = if opts.hybrid {
+        let mut plan = if opts.hybrid {
             build_plan(&graph, &opts.policy, &CudaSegmentCompiler)
         } else {
             HybridPlan::thunks_only(&graph)
         };
+        let mut store = StorePlan::new(&graph, opts.precision);
+        // Which step computes each node (a folded Narrow needs its readers
+        // in its own step).
+        let mut step_of = vec![usize::MAX; graph.len()];
+        for (i, st) in plan.steps.iter().enumerate() {
+            match st {
+                Step::Thunks { start, end } => {
+                    for n in &graph.nodes()[*start..*end] {
+                        step_of[n.id.index()] = i;
+                    }
+                }
+                Step::Compiled { sub, .. } => {
+                    for n in sub.graph.nodes().iter().filter(|n| !n.op.is_leaf()) {
+                        step_of[sub.parent_of[n.id.index()].index()] = i;
+                    }
+                }
+            }
+        }
+        store.unfold_across(&graph, &step_of);
+        // Segment scratch plans under the storage plan (view offsets count
+        // stored element sizes; folded Narrows alias their sources).
+        for st in &mut plan.steps {
+            if let Step::Compiled { sub, lowered, .. } = st {
+                let g = &sub.graph;
+                let sst = |id: NodeId| store.get(sub.parent_of[id.index()]);
+                let ticks: Vec<Tick> = g
+                    .nodes()
+                    .iter()
+                    .filter(|n| !n.op.is_leaf())
+                    .map(|n| Tick::Node(n.id))
+                    .collect();
+                lowered.mem = plan_memory(g, &ticks, |n| view_of_st(g, n, &sst), is_cache_write);
+            }
+        }
         let ticks = plan.ticks(&graph);
-        let mem = plan_memory(&graph, &ticks, |n| view_of(&graph, n), is_cache_write);
+        let mem = plan_memory(
+            &graph,
+            &ticks,
+            |n| view_of_st(&graph, n, &|id| store.get(id)),
+            is_cache_write,
+        );
+        let param_ids = graph
+            .nodes()
+            .iter()
+            .filter_map(|n| match &n.op {
+                Op::Param { name } => Some((name.clone(), n.id)),
+                _ => None,
+            })
+            .collect();
         let scratch_bytes = plan
             .steps
             .iter()
@@ -310,7 +328,17 @@ impl Core {
             report: plan.report,
             mem,
             scratch_bytes,
+            store,
+            param_ids,
         }
+    }
+
+    /// How param `name` is stored on the device.
+    fn param_store(&self, name: &str) -> Store {
+        self.param_ids
+            .get(name)
+            .map(|&id| self.store.get(id))
+            .unwrap_or_default()
     }
 }
 
@@ -342,6 +370,8 @@ pub struct CudaModel {
     in_offsets: Vec<usize>,
     /// With `RLX_CUDA_PROFILE` set: per (op, work) synchronized time in ms and count.
     profile: Option<HashMap<String, (f64, usize)>>,
+    /// The options it was compiled with (for [`CudaModel::set_graph`]).
+    opts: CudaOptions,
     gpu: Gpu,
 }
 
@@ -449,6 +479,7 @@ impl CudaModel {
             out_offsets,
             in_offsets: in_offs.into_iter().map(|o| o.unwrap_or(0)).collect(),
             profile: std::env::var_os("RLX_CUDA_PROFILE").map(|_| HashMap::new()),
+            opts: opts.clone(),
             gpu,
         })
     }
@@ -456,6 +487,16 @@ impl CudaModel {
     /// The memory plan's safety check: no two live tensors overlap.
     pub fn check_memory_plan(&self) -> Result<(), (NodeId, NodeId)> {
         self.core.mem.check_no_overlap()
+    }
+
+    /// The precision the model was compiled for.
+    pub fn precision(&self) -> Precision {
+        self.core.store.precision
+    }
+
+    /// How many tensors (activations and weights) are stored in 16 bits.
+    pub fn half_tensors(&self) -> usize {
+        self.core.store.half_nodes()
     }
 
     /// The graph actually executed (param-only nodes replaced by `%static.N` params).
@@ -531,6 +572,12 @@ impl CudaModel {
                     "share_params: param '{name}' is {shape} here and {theirs} in the other model"
                 )));
             }
+            let (mine, other) = (self.core.param_store(name), from.core.param_store(name));
+            if mine != other {
+                return Err(rt(format!(
+                    "share_params: param '{name}' is stored as {mine:?} here and {other:?} in the other model"
+                )));
+            }
             let host =
                 from.params
                     .get(name)
@@ -543,7 +590,7 @@ impl CudaModel {
             let buf = match from.dev_params.get(name) {
                 Some(b) if !fresh => b.clone(),
                 _ => {
-                    let bytes = tensor_bytes(&host);
+                    let bytes = device_bytes(&host, from.core.param_store(name)).map_err(rt)?;
                     let b = match from.dev_params.get(name) {
                         Some(b) if b.bytes == bytes.len() => b.clone(),
                         _ => {
@@ -551,7 +598,7 @@ impl CudaModel {
                             Arc::new(DeviceBuffer::new(&from.gpu.ctx, bytes.len()).map_err(rt)?)
                         }
                     };
-                    b.upload(bytes).map_err(rt)?;
+                    b.upload(&bytes).map_err(rt)?;
                     from.dev_params.insert(name.clone(), b.clone());
                     b
                 }
@@ -578,7 +625,8 @@ impl CudaModel {
                         if node.op.is_leaf() {
                             continue;
                         }
-                        let ls = lower(graph, node, &|id| self.addr(id), &mut meta)
+                        let env = WithStore(|id| self.addr(id), |id| self.core.store.get(id));
+                        let ls = lower(graph, node, &env, &mut meta)
                             .map_err(|e| kernel_err(graph, node.id, e))?;
                         v.extend(ls.into_iter().map(|l| (node.id, l)));
                     }
@@ -620,7 +668,10 @@ impl CudaModel {
                             continue;
                         }
                         let parent = sub.parent_of[node.id.index()];
-                        let ls = lower(g, node, &sub_addr, &mut meta)
+                        let env = WithStore(&sub_addr, |id: NodeId| {
+                            self.core.store.get(sub.parent_of[id.index()])
+                        });
+                        let ls = lower(g, node, &env, &mut meta)
                             .map_err(|e| kernel_err(graph, parent, e))?;
                         v.extend(ls.into_iter().map(|l| (parent, l)));
                     }
@@ -632,10 +683,10 @@ impl CudaModel {
         meta_buf.upload(bytemuck::cast_slice(&meta)).map_err(rt)?;
         let mut steps = Vec::new();
         for (compiled, launches) in raw {
-            let ready: Vec<Ready> = launches
-                .into_iter()
-                .map(|(node, l)| self.resolve(node, l, meta_buf.ptr))
-                .collect::<Result<_, _>>()?;
+            let mut ready: Vec<Ready> = Vec::with_capacity(launches.len());
+            for (node, l) in launches {
+                self.resolve(node, l, meta_buf.ptr, &mut ready)?;
+            }
             if compiled {
                 self.gpu.sync().map_err(rt)?;
                 let gpu = &self.gpu;
@@ -657,7 +708,17 @@ impl CudaModel {
         Ok(())
     }
 
-    fn resolve(&self, node: NodeId, l: Launch, meta: u64) -> Result<Ready, RuntimeError> {
+    /// Resolve one launch into `out`: kernel arguments to bytes, a gemm to a
+    /// planned cuBLASLt matmul (or, where cuBLASLt declines it, a
+    /// `cublasGemmEx` call followed by its epilogue kernel).
+    fn resolve(
+        &self,
+        node: NodeId,
+        l: Launch,
+        meta: u64,
+        out: &mut Vec<Ready>,
+    ) -> Result<(), RuntimeError> {
+        let graph = &self.core.graph;
         let work = match l {
             Launch::Kernel {
                 name,
@@ -681,11 +742,29 @@ impl CudaModel {
                     })
                     .collect(),
             },
-            Launch::Gemm(g) => Work::Gemm(g),
+            Launch::Gemm(mut g) => {
+                g.tf32 = self.core.store.precision == Precision::Tf32;
+                match crate::lt::LtMatmul::plan(&self.gpu, &g)
+                    .map_err(|e| kernel_err(graph, node, e))?
+                {
+                    Some(m) => Work::Lt(Box::new(m)),
+                    None => {
+                        out.push(Ready {
+                            work: Work::Gemm(g),
+                            node,
+                        });
+                        if let Some(e) = epilogue_launch(&g) {
+                            self.resolve(node, e, meta, out)?;
+                        }
+                        return Ok(());
+                    }
+                }
+            }
             Launch::Copy { dst, src, bytes } => Work::Copy { dst, src, bytes },
             Launch::Zero { dst, bytes } => Work::Zero { dst, bytes },
         };
-        Ok(Ready { work, node })
+        out.push(Ready { work, node });
+        Ok(())
     }
 
     /// Run the prep graph if params changed, and upload stale params.
@@ -723,12 +802,15 @@ impl CudaModel {
             let Some(t) = self.params.get(&name) else {
                 continue;
             };
-            let bytes = tensor_bytes(t);
+            // Converted to the storage plan: transposed matmul weights, 16-bit
+            // in a half precision.
+            let bytes = device_bytes(t, self.core.param_store(&name))
+                .map_err(|e| rt(format!("param '{name}': {e}")))?;
             match self.dev_params.get(&name) {
-                Some(b) if b.bytes == bytes.len() => b.upload(bytes).map_err(rt)?,
+                Some(b) if b.bytes == bytes.len() => b.upload(&bytes).map_err(rt)?,
                 _ => {
                     let b = DeviceBuffer::new(&self.gpu.ctx, bytes.len()).map_err(rt)?;
-                    b.upload(bytes).map_err(rt)?;
+                    b.upload(&bytes).map_err(rt)?;
                     self.dev_params.insert(name.clone(), Arc::new(b));
                     self.exec = None;
                 }

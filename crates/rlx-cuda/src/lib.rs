@@ -21,7 +21,11 @@ mod executor;
 mod kernels;
 mod kv;
 mod lower;
+mod lt;
+mod mixed;
 mod quant;
+mod store;
 
 pub use device::cuda_available;
-pub use executor::{CudaModel, CudaOptions, CudaSegmentCompiler, SegmentPlan};
+pub use executor::{plan, CudaModel, CudaOptions, CudaPlan, CudaSegmentCompiler, SegmentPlan};
+pub use rlx_runtime::Precision;

@@ -4,6 +4,7 @@
 //! list of [`Launch`]es. The same function checks capability (with dummy
 //! addresses) and builds the real schedule.
 
+use crate::store::{Dt, Store};
 use rlx_ir::op::{Activation, BinaryOp, MaskKind, ReduceOp, RopeStyle};
 use rlx_ir::{DType, Graph, Node, NodeId, Op, Shape};
 
@@ -43,6 +44,55 @@ pub(crate) struct Gemm {
     pub ldc: i32,
     pub sc: i64,
     pub batch: i32,
+    /// `a` is stored transposed (a weight kept `[out, in]`): op(A) = A^T.
+    pub ta: bool,
+    /// Storage of `a`, `b` and `c`.
+    pub dt: [Dt; 3],
+    /// Round matmul inputs to TF32 (precision `tf32`).
+    pub tf32: bool,
+    /// The epilogue: bias (one value per row of `C`) and activation.
+    pub epi: Epi,
+    /// Epilogue bias address (0 without one) and its storage.
+    pub bias: u64,
+    pub bias_dt: Dt,
+    /// The exact activation (kernel code) the epilogue stands for, used by
+    /// the fallback kernel when cuBLASLt declines the gemm.
+    pub act: i32,
+}
+
+/// A gemm epilogue that cuBLASLt applies in the matmul kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Epi {
+    /// Plain product.
+    None,
+    /// `+ bias`.
+    Bias,
+    /// `relu(+ bias)`.
+    ReluBias,
+    /// `gelu(+ bias)` in cuBLASLt's tanh form.
+    GeluBias,
+}
+
+/// The kernel that applies `g`'s epilogue in place after a gemm that ran
+/// without it (the fallback when cuBLASLt declines), if it has one.
+pub(crate) fn epilogue_launch(g: &Gemm) -> Option<Launch> {
+    if g.epi == Epi::None {
+        return None;
+    }
+    let n = g.m as usize * g.n as usize * g.batch.max(1) as usize;
+    let all_f32 = g.dt[2] == Dt::F32 && g.bias_dt == Dt::F32;
+    let mut args = vec![
+        Arg::P(g.c),
+        Arg::P(g.bias),
+        Arg::L(n as i64),
+        Arg::I(g.m),
+        Arg::I(g.act),
+    ];
+    if all_f32 {
+        return Some(elementwise("bias_act", n, args));
+    }
+    args.extend([Arg::I(g.dt[2].code()), Arg::I(g.bias_dt.code())]);
+    Some(elementwise("bias_act_x", n, args))
 }
 
 /// One unit of device work.
@@ -67,6 +117,22 @@ pub(crate) enum Launch {
 pub(crate) trait Addr {
     /// The device address of `id`'s data, if it has one.
     fn addr(&self, id: NodeId) -> Option<u64>;
+    /// How `id` is stored (f32 and untransposed unless a plan says otherwise).
+    fn store(&self, _id: NodeId) -> Store {
+        Store::default()
+    }
+}
+
+/// Addresses and a storage plan together.
+pub(crate) struct WithStore<F, S>(pub F, pub S);
+
+impl<F: Fn(NodeId) -> Option<u64>, S: Fn(NodeId) -> Store> Addr for WithStore<F, S> {
+    fn addr(&self, id: NodeId) -> Option<u64> {
+        (self.0)(id)
+    }
+    fn store(&self, id: NodeId) -> Store {
+        (self.1)(id)
+    }
 }
 
 impl<F: Fn(NodeId) -> Option<u64>> Addr for F {
@@ -78,17 +144,47 @@ impl<F: Fn(NodeId) -> Option<u64>> Addr for F {
 /// Whether the CUDA backend executes `node` as an alias of its first input
 /// (and at which byte offset). Mirrors the CPU's rules.
 pub(crate) fn view_of(graph: &Graph, node: &Node) -> Option<(NodeId, usize)> {
+    view_of_st(graph, node, &|_| Store::default())
+}
+
+/// [`view_of`] under a storage plan: offsets count stored element sizes,
+/// and a Narrow that only attention reads (`folded`) aliases its source.
+pub(crate) fn view_of_st(
+    graph: &Graph,
+    node: &Node,
+    store: &dyn Fn(NodeId) -> Store,
+) -> Option<(NodeId, usize)> {
     let src = *node.inputs.first()?;
     let s = &graph.node(src).shape;
+    let esz = if s.dtype == DType::F32 {
+        store(src).dt.size()
+    } else {
+        s.dtype.size_bytes()
+    };
     match &node.op {
         Op::Reshape { .. } => Some((src, 0)),
         Op::Cast { to } if *to == s.dtype => Some((src, 0)),
         Op::Expand { shape } if *shape == s.dims => Some((src, 0)),
-        Op::Narrow { axis, start, .. } if s.dims[..*axis].iter().all(|&d| d == 1) => {
-            Some((src, start * s.strides()[*axis] * s.dtype.size_bytes()))
+        Op::Narrow { axis, start, .. }
+            if s.dims[..*axis].iter().all(|&d| d == 1) || store(node.id).folded =>
+        {
+            Some((src, start * s.strides()[*axis] * esz))
         }
         _ => None,
     }
+}
+
+/// Whether `node` is a last-axis Narrow of a rank-3 tensor that attention
+/// kernels can read in place (row stride = the source's width).
+pub(crate) fn foldable_narrow(graph: &Graph, node: &Node) -> bool {
+    let Op::Narrow { axis, .. } = node.op else {
+        return false;
+    };
+    let Some(&src) = node.inputs.first() else {
+        return false;
+    };
+    let s = &graph.node(src).shape;
+    s.rank() == 3 && axis == 2 && s.dtype == DType::F32
 }
 
 fn grid1(n: usize) -> [u32; 3] {
@@ -215,6 +311,23 @@ impl<A: Addr> Cx<'_, A> {
         self.meta.extend_from_slice(v);
         at
     }
+    /// Storage element type of input `i`.
+    fn dt_in(&self, i: usize) -> Dt {
+        self.node
+            .inputs
+            .get(i)
+            .map(|&id| self.addr.store(id).dt)
+            .unwrap_or_default()
+    }
+    /// Storage element type of the output.
+    fn dt_out(&self) -> Dt {
+        self.addr.store(self.node.id).dt
+    }
+    /// Whether the output or any of the first `k` inputs is stored in 16 bits.
+    fn half_any(&self, k: usize) -> bool {
+        self.dt_out() != Dt::F32
+            || (0..k.min(self.node.inputs.len())).any(|i| self.dt_in(i) != Dt::F32)
+    }
 }
 
 /// Lower `node` of `graph`. `addr` gives device addresses; `meta` collects
@@ -236,7 +349,11 @@ pub(crate) fn lower(
         return Err(format!("rank {} > {MAX_RANK}", node.shape.rank()));
     }
     let n = out_shape.numel();
-    let esz = out_shape.dtype.size_bytes();
+    let esz = if out_shape.dtype == DType::F32 {
+        cx.dt_out().size()
+    } else {
+        out_shape.dtype.size_bytes()
+    };
     match &node.op {
         Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => Ok(vec![]),
         Op::MatMul | Op::FusedMatMulBiasAct { .. } => {
@@ -263,17 +380,48 @@ pub(crate) fn lower(
                     return Err(format!("bias {} does not have {nn} elements", cx.shape(2)));
                 }
                 if n > 0 {
-                    v.push(elementwise(
-                        "bias_act",
-                        n,
-                        vec![
+                    let (to, tb) = (cx.dt_out(), cx.dt_in(2));
+                    let bias = cx.input(2)?;
+                    // cuBLASLt applies the bias (and ReLU, or GELU in tanh
+                    // form, which only the 16-bit modes accept for erf GELU)
+                    // in the gemm kernel.
+                    let (epi, rest) = match activation {
+                        None => (Epi::Bias, None),
+                        Some(Activation::Relu) => (Epi::ReluBias, None),
+                        Some(Activation::GeluTanh) => (Epi::GeluBias, None),
+                        Some(Activation::Gelu) if to != Dt::F32 => (Epi::GeluBias, None),
+                        Some(a) => (Epi::Bias, Some(*a)),
+                    };
+                    let mut fused = false;
+                    if let [Launch::Gemm(g)] = v.as_mut_slice() {
+                        if tb == to {
+                            g.epi = epi;
+                            g.bias = bias;
+                            g.bias_dt = tb;
+                            g.act = act_code(if epi == Epi::Bias { None } else { *activation });
+                            fused = true;
+                        }
+                    }
+                    if fused {
+                        if let Some(a) = rest {
+                            v.push(activation_launch(cx.out()?, cx.out()?, n, a, to, to));
+                        }
+                    } else {
+                        let mut args = vec![
                             Arg::P(cx.out()?),
-                            Arg::P(cx.input(2)?),
+                            Arg::P(bias),
                             Arg::L(n as i64),
                             Arg::I(int(nn, "N")?),
                             Arg::I(act_code(*activation)),
-                        ],
-                    ));
+                        ];
+                        let name = if to == Dt::F32 && tb == Dt::F32 {
+                            "bias_act"
+                        } else {
+                            args.extend([Arg::I(to.code()), Arg::I(tb.code())]);
+                            "bias_act_x"
+                        };
+                        v.push(elementwise(name, n, args));
+                    }
                 }
             }
             Ok(v)
@@ -282,6 +430,16 @@ pub(crate) fn lower(
             cx.f32_in(0)?;
             if n == 0 {
                 return Ok(vec![]);
+            }
+            if cx.half_any(1) {
+                return Ok(vec![activation_launch(
+                    cx.out()?,
+                    cx.input(0)?,
+                    n,
+                    *act,
+                    cx.dt_out(),
+                    cx.dt_in(0),
+                )]);
             }
             Ok(vec![elementwise(
                 "activation",
@@ -306,22 +464,29 @@ pub(crate) fn lower(
                 return Err("operand rank above output rank".into());
             }
             let (pa, pb, po) = (cx.input(0)?, cx.input(1)?, cx.out()?);
+            let mixed = cx.half_any(2);
+            let types = [
+                Arg::I(cx.dt_out().code()),
+                Arg::I(cx.dt_in(0).code()),
+                Arg::I(cx.dt_in(1).code()),
+            ];
             if is_suffix(&da, &od) && is_suffix(&db, &od) {
                 let na: usize = da.iter().product();
                 let nb: usize = db.iter().product();
-                return Ok(vec![elementwise(
-                    "binary_mod",
-                    n,
-                    vec![
-                        Arg::P(po),
-                        Arg::P(pa),
-                        Arg::P(pb),
-                        Arg::L(n as i64),
-                        Arg::L(na.max(1) as i64),
-                        Arg::L(nb.max(1) as i64),
-                        Arg::I(bin_code(*op)),
-                    ],
-                )]);
+                let mut args = vec![
+                    Arg::P(po),
+                    Arg::P(pa),
+                    Arg::P(pb),
+                    Arg::L(n as i64),
+                    Arg::L(na.max(1) as i64),
+                    Arg::L(nb.max(1) as i64),
+                    Arg::I(bin_code(*op)),
+                ];
+                if mixed {
+                    args.extend(types);
+                    return Ok(vec![elementwise("binary_mod_x", n, args)]);
+                }
+                return Ok(vec![elementwise("binary_mod", n, args)]);
             }
             let mut m = vec![od.len() as i32];
             for &d in &od {
@@ -330,18 +495,19 @@ pub(crate) fn lower(
             m.extend(bcast_strides(&da, &od));
             m.extend(bcast_strides(&db, &od));
             let at = cx.push_meta(&m);
-            Ok(vec![elementwise(
-                "binary_bcast",
-                n,
-                vec![
-                    Arg::P(po),
-                    Arg::P(pa),
-                    Arg::P(pb),
-                    Arg::L(n as i64),
-                    Arg::Meta(at),
-                    Arg::I(bin_code(*op)),
-                ],
-            )])
+            let mut args = vec![
+                Arg::P(po),
+                Arg::P(pa),
+                Arg::P(pb),
+                Arg::L(n as i64),
+                Arg::Meta(at),
+                Arg::I(bin_code(*op)),
+            ];
+            if mixed {
+                args.extend(types);
+                return Ok(vec![elementwise("binary_bcast_x", n, args)]);
+            }
+            Ok(vec![elementwise("binary_bcast", n, args)])
         }
         Op::LayerNorm { axis, eps } | Op::RmsNorm { axis, eps } => {
             let r = cx.shape(0).rank() as i32;
@@ -355,7 +521,15 @@ pub(crate) fn lower(
             }
             let gamma = cx.input(1)?;
             let beta = if rms { 0 } else { cx.input(2)? };
-            norm(&cx, cx.input(0)?, 0, 0, gamma, beta, *eps, rms)
+            let types = [
+                cx.dt_out(),
+                cx.dt_in(0),
+                Dt::F32,
+                Dt::F32,
+                cx.dt_in(1),
+                if rms { Dt::F32 } else { cx.dt_in(2) },
+            ];
+            norm(&cx, cx.input(0)?, 0, 0, gamma, beta, *eps, rms, types)
         }
         Op::FusedResidualLN { has_bias, eps } | Op::FusedResidualRmsNorm { has_bias, eps } => {
             let rms = matches!(node.op, Op::FusedResidualRmsNorm { .. });
@@ -378,6 +552,14 @@ pub(crate) fn lower(
                     cx.shape(0)
                 ));
             }
+            let types = [
+                cx.dt_out(),
+                cx.dt_in(0),
+                cx.dt_in(1),
+                if *has_bias { cx.dt_in(2) } else { Dt::F32 },
+                cx.dt_in(i),
+                if rms { Dt::F32 } else { cx.dt_in(i + 1) },
+            ];
             norm(
                 &cx,
                 cx.input(0)?,
@@ -387,6 +569,7 @@ pub(crate) fn lower(
                 beta,
                 *eps,
                 rms,
+                types,
             )
         }
         Op::Reshape { .. } => same_or_copy(&cx, 0, n * esz),
@@ -443,6 +626,33 @@ pub(crate) fn lower(
             }
             let table = cx.shape(0).clone();
             let ids = cx.shape(1).clone();
+            if table.dtype == DType::F32 && cx.half_any(1) {
+                if !ids.dtype.is_index() {
+                    return Err(format!("ids {ids}: expected i32 or i64"));
+                }
+                let vocab = table.dims.first().copied().unwrap_or(0);
+                let row = table.numel().checked_div(vocab).unwrap_or(0);
+                if n == 0 {
+                    return Ok(vec![]);
+                }
+                return Ok(vec![elementwise(
+                    "gather_x",
+                    n,
+                    vec![
+                        Arg::P(cx.out()?),
+                        Arg::P(cx.input(0)?),
+                        Arg::P(cx.input(1)?),
+                        Arg::L(ids.numel() as i64),
+                        Arg::I(int(row, "row")?),
+                        Arg::L(vocab as i64),
+                        Arg::I((ids.dtype == DType::I64) as i32),
+                        Arg::Status,
+                        Arg::I(node.id.0 as i32),
+                        Arg::I(cx.dt_out().code()),
+                        Arg::I(cx.dt_in(0).code()),
+                    ],
+                )]);
+            }
             if table.dtype.size_bytes() != 4 {
                 return Err(format!(
                     "table {table}: the CUDA gather takes 4-byte elements"
@@ -473,6 +683,10 @@ pub(crate) fn lower(
             )])
         }
         Op::Narrow { axis, start, len } => {
+            if cx.addr.store(node.id).folded {
+                // Attention reads the source in place (see `foldable_narrow`).
+                return Ok(vec![]);
+            }
             let src = cx.shape(0).clone();
             let outer: usize = src.dims[..*axis].iter().product();
             let inner: usize = src.dims[axis + 1..].iter().product::<usize>() * esz;
@@ -603,17 +817,24 @@ pub(crate) fn lower(
                 return Ok(vec![]);
             }
             let threads = outer * inner;
+            let mut args = vec![
+                Arg::P(cx.out()?),
+                Arg::P(cx.input(0)?),
+                Arg::L(outer as i64),
+                Arg::L(d[*axis] as i64),
+                Arg::L(inner as i64),
+            ];
+            let name = if cx.half_any(1) {
+                args.extend([Arg::I(cx.dt_out().code()), Arg::I(cx.dt_in(0).code())]);
+                "softmax_x"
+            } else {
+                "softmax_f32"
+            };
             Ok(vec![Launch::Kernel {
-                name: "softmax_f32",
+                name,
                 grid: [threads.div_ceil(128) as u32, 1, 1],
                 block: 128,
-                args: vec![
-                    Arg::P(cx.out()?),
-                    Arg::P(cx.input(0)?),
-                    Arg::L(outer as i64),
-                    Arg::L(d[*axis] as i64),
-                    Arg::L(inner as i64),
-                ],
+                args,
             }])
         }
         Op::Reduce { op, axes, .. } => {
@@ -646,9 +867,11 @@ pub(crate) fn lower(
                 ReduceOp::Max => 2,
                 ReduceOp::Min => 3,
             };
+            // One warp per output: the lanes share the reduced elements
+            // (a thread per output serializes their loads).
             Ok(vec![Launch::Kernel {
-                name: "reduce_f32",
-                grid: [n.div_ceil(128) as u32, 1, 1],
+                name: "reduce_warp_x",
+                grid: [n.div_ceil(4) as u32, 1, 1],
                 block: 128,
                 args: vec![
                     Arg::P(cx.out()?),
@@ -656,6 +879,8 @@ pub(crate) fn lower(
                     Arg::L(n as i64),
                     Arg::Meta(at),
                     Arg::I(code),
+                    Arg::I(cx.dt_out().code()),
+                    Arg::I(cx.dt_in(0).code()),
                 ],
             }])
         }
@@ -755,6 +980,7 @@ fn strided<A: Addr>(
     }
     let name = match esz {
         1 => "strided_copy1",
+        2 => "strided_copy2",
         4 => "strided_copy4",
         8 => "strided_copy8",
         _ => return Err(format!("{esz}-byte elements have no strided copy kernel")),
@@ -819,6 +1045,7 @@ fn norm<A: Addr>(
     beta: u64,
     eps: f32,
     rms: bool,
+    types: [Dt; 6],
 ) -> Result<Vec<Launch>, String> {
     let s = cx.shape(0);
     let d = s.last_dim();
@@ -827,23 +1054,45 @@ fn norm<A: Addr>(
     }
     let rows = s.numel() / d;
     let warps = d.div_ceil(128).clamp(1, 32);
+    let mut args = vec![
+        Arg::P(cx.out()?),
+        Arg::P(x),
+        Arg::P(res),
+        Arg::P(bias),
+        Arg::P(gamma),
+        Arg::P(beta),
+        Arg::I(int(rows, "rows")?),
+        Arg::I(int(d, "width")?),
+        Arg::F(eps),
+        Arg::I(rms as i32),
+    ];
+    let name = if types.iter().all(|&t| t == Dt::F32) {
+        "norm_rows"
+    } else {
+        args.extend(types.iter().map(|t| Arg::I(t.code())));
+        "norm_rows_x"
+    };
     Ok(vec![Launch::Kernel {
-        name: "norm_rows",
+        name,
         grid: [int(rows, "rows")? as u32, 1, 1],
         block: 32 * warps as u32,
-        args: vec![
-            Arg::P(cx.out()?),
-            Arg::P(x),
-            Arg::P(res),
-            Arg::P(bias),
-            Arg::P(gamma),
-            Arg::P(beta),
-            Arg::I(int(rows, "rows")?),
-            Arg::I(int(d, "width")?),
-            Arg::F(eps),
-            Arg::I(rms as i32),
-        ],
+        args,
     }])
+}
+
+/// `out = act(x)` elementwise in any storage (in place when `out == x`).
+fn activation_launch(out: u64, x: u64, n: usize, act: Activation, to: Dt, tx: Dt) -> Launch {
+    let mut args = vec![
+        Arg::P(out),
+        Arg::P(x),
+        Arg::L(n as i64),
+        Arg::I(act_code(Some(act))),
+    ];
+    if to == Dt::F32 && tx == Dt::F32 {
+        return elementwise("activation", n, args);
+    }
+    args.extend([Arg::I(to.code()), Arg::I(tx.code())]);
+    elementwise("activation_x", n, args)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -866,11 +1115,18 @@ fn matmul<A: Addr>(
     );
     let (ki, ni) = (int(k, "K")?, int(n, "N")?);
     int(m, "M")?;
+    let dt = [cx.dt_in(1), cx.dt_in(0), cx.dt_out()];
+    let [sz_b, sz_a, sz_c] = dt.map(|d| d.size());
     if k == 0 {
         return Ok(vec![Launch::Zero {
             dst: pc,
-            bytes: on * m * n * 4,
+            bytes: on * m * n * sz_c,
         }]);
+    }
+    // A weight stored `[out, in]` is column-major `K x N`: op(A) = A^T.
+    let ta = cx.addr.store(cx.node.inputs[1]).transposed;
+    if ta && !(bn == 1 && an == on) {
+        return Err(format!("transposed weight {b} with batched operand {a}"));
     }
     // Row-major C[M,N] = A[M,K] B[K,N] is column-major C^T = B^T A^T.
     let g = |rows: usize,
@@ -886,7 +1142,7 @@ fn matmul<A: Addr>(
             n: int(rows, "M")?,
             k: ki,
             a: pb + b_off,
-            lda: ni,
+            lda: if ta { ki } else { ni },
             sa: sb,
             b: pa + a_off,
             ldb: ki,
@@ -895,6 +1151,13 @@ fn matmul<A: Addr>(
             ldc: ni,
             sc: (m * n) as i64,
             batch: int(batch, "batch")?,
+            ta,
+            dt,
+            tf32: false,
+            epi: Epi::None,
+            bias: 0,
+            bias_dt: Dt::F32,
+            act: act_code(None),
         }))
     };
     if bn == 1 && an == on {
@@ -922,9 +1185,9 @@ fn matmul<A: Addr>(
         }
         v.push(g(
             m,
-            (ia * m * k * 4) as u64,
-            (ib * k * n * 4) as u64,
-            (idx * m * n * 4) as u64,
+            (ia * m * k * sz_a) as u64,
+            (ib * k * n * sz_b) as u64,
+            (idx * m * n * sz_c) as u64,
             0,
             0,
             1,
@@ -1011,14 +1274,24 @@ fn attention<A: Addr>(
     }
     let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
     let (qw, kw) = (hq * d, hkv * d);
+    // A folded Narrow is read in place: its rows are its source's rows.
+    let row = |i: usize, w: usize| -> usize {
+        let id = cx.node.inputs[i];
+        if cx.addr.store(id).folded {
+            cx.graph.node(cx.graph.node(id).inputs[0]).shape.dims[2]
+        } else {
+            w
+        }
+    };
+    let (qs, ks, vs) = (row(0, qw), row(1, kw), row(2, kw));
     let mut args = vec![
         Arg::P(cx.input(0)?),
         Arg::P(cx.input(1)?),
         Arg::P(cx.input(2)?),
         Arg::P(cx.out()?),
-        Arg::I(int(qw, "q width")?),
-        Arg::I(int(kw, "k width")?),
-        Arg::I(int(kw, "v width")?),
+        Arg::I(int(qs, "q row stride")?),
+        Arg::I(int(ks, "k row stride")?),
+        Arg::I(int(vs, "v row stride")?),
         Arg::I(int(qw, "out width")?),
         Arg::I(int(sq, "S_q")?),
         Arg::I(int(sk, "S_k")?),
@@ -1035,6 +1308,36 @@ fn attention<A: Addr>(
         Arg::I(bs[2]),
         Arg::I(bs[3]),
     ];
+    let dts = [cx.dt_in(0), cx.dt_in(1), cx.dt_in(2)];
+    if sq > crate::kv::ROWS_MAX_SQ && dts[0] != Dt::F32 && dts.iter().all(|&t| t == dts[0]) {
+        let capped = softcap.is_some_and(|c| c > 0.0);
+        if let Some(name) = crate::mixed::attention_tc_kernel(dts[0], d, mk, capped, [qs, ks, vs]) {
+            args.extend([dts[0], dts[1], dts[2], cx.dt_out()].map(|t| Arg::I(t.code())));
+            return Ok(vec![Launch::Kernel {
+                name,
+                grid: [
+                    sq.div_ceil(crate::mixed::ATTENTION_TC_ROWS) as u32,
+                    hq as u32,
+                    b as u32,
+                ],
+                block: 128,
+                args,
+            }]);
+        }
+    }
+    let (kernel, r) = crate::mixed::attention_kernel(d, b * hq, sq);
+    let rows = 4 * r;
+    if cx.half_any(3) || (sq > crate::kv::ROWS_MAX_SQ && sq >= rows) {
+        // Many query rows, or 16-bit operands: the mixed kernel (several
+        // rows per warp share each K/V tile; f32 accumulation).
+        args.extend([cx.dt_in(0), cx.dt_in(1), cx.dt_in(2), cx.dt_out()].map(|t| Arg::I(t.code())));
+        return Ok(vec![Launch::Kernel {
+            name: kernel,
+            grid: [sq.div_ceil(rows) as u32, hq as u32, b as u32],
+            block: 128,
+            args,
+        }]);
+    }
     if sq <= crate::kv::ROWS_MAX_SQ {
         // Few query rows (decode): one block per row. The kernel bounds the
         // keys by the keep-mask's last kept key on the device, so the launch

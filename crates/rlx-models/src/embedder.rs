@@ -2,7 +2,7 @@
 //! embeddings out.
 
 use crate::bert::{build_graph, BertConfig, BertOutputs};
-use crate::tokenizer::{BertTokenizer, TokenizerError};
+use crate::tokenizer::{Batch, BertTokenizer, TokenizerError};
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_formats::{FormatError, SafeTensorsFile};
 use rlx_ir::{DType, Tensor, TensorData};
@@ -77,6 +77,27 @@ impl Default for EmbedOptions {
     }
 }
 
+/// Where a [`SentenceEmbedder`] runs.
+#[derive(Debug, Clone, Default)]
+pub enum EmbedDevice {
+    /// The CPU backend (mode and threads from [`EmbedOptions`]); one
+    /// compiled model per batch shape.
+    #[default]
+    Cpu,
+    /// A CUDA GPU (feature `cuda`), with these options (mode, precision).
+    /// One compiled model is kept: a batch of another shape re-targets it
+    /// (`CudaModel::set_graph`), so the weights stay on the device and
+    /// only the CUDA graphs are captured again. Sequences are padded with
+    /// masked tokens to a multiple of [`CUDA_SEQ_BUCKET`], so batches of
+    /// similar lengths share one shape bucket (the padding is masked out
+    /// of attention and pooling: the embeddings do not change).
+    #[cfg(feature = "cuda")]
+    Cuda(rlx_cuda::CudaOptions),
+}
+
+/// Sequence lengths on CUDA are rounded up to a multiple of this.
+pub const CUDA_SEQ_BUCKET: usize = 32;
+
 /// A loaded sentence-embedding model.
 pub struct SentenceEmbedder {
     cfg: BertConfig,
@@ -84,6 +105,10 @@ pub struct SentenceEmbedder {
     weights: Vec<(String, Tensor)>,
     opts: EmbedOptions,
     models: HashMap<(usize, usize, bool), CpuModel>,
+    device: EmbedDevice,
+    /// The CUDA model and the (batch, seq, tokens) bucket it is planned for.
+    #[cfg(feature = "cuda")]
+    gpu: Option<((usize, usize, bool), rlx_cuda::CudaModel)>,
 }
 
 fn read_json(path: &Path) -> Result<serde_json::Value, ModelError> {
@@ -106,6 +131,15 @@ impl SentenceEmbedder {
 
     /// [`SentenceEmbedder::load`] with options.
     pub fn load_with(dir: impl AsRef<Path>, opts: EmbedOptions) -> Result<Self, ModelError> {
+        Self::load_on(dir, opts, EmbedDevice::Cpu)
+    }
+
+    /// [`SentenceEmbedder::load`] with options, to run on `device`.
+    pub fn load_on(
+        dir: impl AsRef<Path>,
+        opts: EmbedOptions,
+        device: EmbedDevice,
+    ) -> Result<Self, ModelError> {
         let dir = dir.as_ref();
         let cfg_path = dir.join("config.json");
         let raw = read_json(&cfg_path)?;
@@ -170,7 +204,49 @@ impl SentenceEmbedder {
             weights,
             opts,
             models: HashMap::new(),
+            device,
+            #[cfg(feature = "cuda")]
+            gpu: None,
         })
+    }
+
+    /// The loaded weights, by graph param name (linear weights `[in, out]`).
+    pub fn weights(&self) -> &[(String, Tensor)] {
+        &self.weights
+    }
+
+    /// Where the embedder runs.
+    pub fn device(&self) -> &EmbedDevice {
+        &self.device
+    }
+
+    /// The (optimized, if so configured) graph for a batch shape.
+    pub fn graph_for(
+        &self,
+        batch: usize,
+        seq: usize,
+        tokens: bool,
+    ) -> Result<rlx_ir::Graph, ModelError> {
+        let g = build_graph(
+            &self.cfg,
+            batch,
+            seq,
+            BertOutputs {
+                pooled: true,
+                tokens,
+            },
+        )
+        .map_err(|e| ModelError::Graph(e.to_string()))?;
+        if !self.opts.optimize {
+            return Ok(g);
+        }
+        let opt = rlx_opt::OptOptions {
+            target: std::sync::Arc::new(|_: &rlx_ir::Op| true),
+            ..Default::default()
+        };
+        Ok(rlx_opt::optimize(&g, &opt)
+            .map_err(|e| ModelError::Graph(e.to_string()))?
+            .0)
     }
 
     /// The model config.
@@ -197,27 +273,7 @@ impl SentenceEmbedder {
     ) -> Result<&mut CpuModel, ModelError> {
         let key = (batch, seq, tokens);
         if !self.models.contains_key(&key) {
-            let g = build_graph(
-                &self.cfg,
-                batch,
-                seq,
-                BertOutputs {
-                    pooled: true,
-                    tokens,
-                },
-            )
-            .map_err(|e| ModelError::Graph(e.to_string()))?;
-            let g = if self.opts.optimize {
-                let opt = rlx_opt::OptOptions {
-                    target: std::sync::Arc::new(|_: &rlx_ir::Op| true),
-                    ..Default::default()
-                };
-                rlx_opt::optimize(&g, &opt)
-                    .map_err(|e| ModelError::Graph(e.to_string()))?
-                    .0
-            } else {
-                g
-            };
+            let g = self.graph_for(batch, seq, tokens)?;
             let mut m = CpuModel::compile(
                 g,
                 &CpuOptions {
@@ -257,13 +313,102 @@ impl SentenceEmbedder {
             return Ok((vec![], tokens.then(Vec::new)));
         }
         let batch = self.tokenizer.encode_batch(texts)?;
-        let (b, s, h) = (batch.batch, batch.seq, self.cfg.hidden_size);
-        let model = self.model_for(b, s, tokens)?;
+        #[cfg(feature = "cuda")]
+        if let EmbedDevice::Cuda(opts) = &self.device {
+            let opts = opts.clone();
+            let padded = pad_batch(&batch, CUDA_SEQ_BUCKET, self.cfg.max_position_embeddings);
+            let outs = self.run_cuda(&padded, tokens, &opts)?;
+            return Ok(split_outputs(&outs, &padded, self.cfg.hidden_size, tokens));
+        }
+        let model = self.model_for(batch.batch, batch.seq, tokens)?;
         let outs = model.run(&[
             ("input_ids", TensorRef::I64(&batch.ids)),
             ("token_type_ids", TensorRef::I64(&batch.token_type_ids)),
             ("attention_mask", TensorRef::F32(&batch.attention_mask)),
         ])?;
+        Ok(split_outputs(&outs, &batch, self.cfg.hidden_size, tokens))
+    }
+
+    /// Run a (padded) batch on the CUDA model, re-targeting it to this
+    /// batch's shape bucket first if needed.
+    #[cfg(feature = "cuda")]
+    fn run_cuda(
+        &mut self,
+        batch: &Batch,
+        tokens: bool,
+        opts: &rlx_cuda::CudaOptions,
+    ) -> Result<Vec<Tensor>, ModelError> {
+        let key = (batch.batch, batch.seq, tokens);
+        let current = self.gpu.as_ref().map(|(k, _)| *k);
+        if current != Some(key) {
+            let g = self.graph_for(batch.batch, batch.seq, tokens)?;
+            match &mut self.gpu {
+                Some((k, m)) => {
+                    m.set_graph(g)?;
+                    *k = key;
+                }
+                None => {
+                    let mut m = rlx_cuda::CudaModel::compile(g, opts)?;
+                    for (name, t) in &self.weights {
+                        m.set_param_tensor(name, t.clone())?;
+                    }
+                    self.gpu = Some((key, m));
+                }
+            }
+        }
+        let (_, model) = self.gpu.as_mut().expect("set above");
+        Ok(model.run(&[
+            ("input_ids", TensorRef::I64(&batch.ids)),
+            ("token_type_ids", TensorRef::I64(&batch.token_type_ids)),
+            ("attention_mask", TensorRef::F32(&batch.attention_mask)),
+        ])?)
+    }
+}
+
+/// `batch` with every row padded by masked `[PAD]` (id 0) tokens to a
+/// multiple of `bucket` (at most `max_len`, and never shorter than it was).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn pad_batch(batch: &Batch, bucket: usize, max_len: usize) -> Batch {
+    let s = batch.seq;
+    let padded = (s.div_ceil(bucket.max(1)) * bucket.max(1))
+        .min(max_len)
+        .max(s);
+    if padded == s {
+        return batch.clone();
+    }
+    let mut out = Batch {
+        ids: Vec::with_capacity(batch.batch * padded),
+        attention_mask: Vec::with_capacity(batch.batch * padded),
+        token_type_ids: Vec::with_capacity(batch.batch * padded),
+        batch: batch.batch,
+        seq: padded,
+        lengths: batch.lengths.clone(),
+    };
+    for r in 0..batch.batch {
+        let row = r * s..(r + 1) * s;
+        out.ids.extend_from_slice(&batch.ids[row.clone()]);
+        out.ids.extend(std::iter::repeat_n(0, padded - s));
+        out.attention_mask
+            .extend_from_slice(&batch.attention_mask[row.clone()]);
+        out.attention_mask
+            .extend(std::iter::repeat_n(0.0, padded - s));
+        out.token_type_ids
+            .extend_from_slice(&batch.token_type_ids[row]);
+        out.token_type_ids
+            .extend(std::iter::repeat_n(0, padded - s));
+    }
+    out
+}
+
+/// Pooled rows (and unpadded token rows) from a run's outputs.
+fn split_outputs(
+    outs: &[Tensor],
+    batch: &Batch,
+    h: usize,
+    tokens: bool,
+) -> (Embeddings, Option<Embeddings>) {
+    let (b, s) = (batch.batch, batch.seq);
+    {
         let f32s = |t: &Tensor| match &*t.data {
             TensorData::F32(v) => v.clone(),
             _ => Vec::new(),
@@ -277,6 +422,34 @@ impl SentenceEmbedder {
                 .collect()
         });
         debug_assert_eq!(outs[0].shape.dtype, DType::F32);
-        Ok((emb, toks))
+        (emb, toks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_to_a_bucket_masks_the_new_tokens() {
+        let b = Batch {
+            ids: vec![101, 7, 102, 101, 102, 0],
+            attention_mask: vec![1.0, 1.0, 1.0, 1.0, 1.0, 0.0],
+            token_type_ids: vec![0; 6],
+            batch: 2,
+            seq: 3,
+            lengths: vec![3, 2],
+        };
+        let p = pad_batch(&b, 4, 512);
+        assert_eq!((p.batch, p.seq), (2, 4));
+        assert_eq!(p.ids, vec![101, 7, 102, 0, 101, 102, 0, 0]);
+        assert_eq!(
+            p.attention_mask,
+            vec![1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+        );
+        assert_eq!(p.lengths, vec![3, 2]);
+        // Never past the model's length, never shorter than the batch.
+        assert_eq!(pad_batch(&b, 4, 3).seq, 3);
+        assert_eq!(pad_batch(&b, 1, 512).seq, 3);
     }
 }

@@ -16,4 +16,4 @@ pub mod recurrent;
 pub mod sampling;
 pub mod tokenizer;
 
-pub use embedder::{EmbedOptions, ModelError, SentenceEmbedder};
+pub use embedder::{EmbedDevice, EmbedOptions, ModelError, SentenceEmbedder, CUDA_SEQ_BUCKET};

@@ -21,7 +21,7 @@
 mod session;
 
 pub use rlx_ir as ir;
-pub use rlx_runtime::{MemoryStats, RuntimeError, TensorRef};
+pub use rlx_runtime::{MemoryStats, Precision, RuntimeError, TensorRef};
 pub use session::{CompiledModel, Device, Error, ExecMode, PlanStats, Session};
 
 /// The hybrid planner: schedule splitting into compiled segments and thunk ranges.

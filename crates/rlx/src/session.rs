@@ -3,7 +3,7 @@
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_ir::{Graph, IrError, Tensor, TensorData};
 use rlx_runtime::hybrid::{PlanReport, SplitPolicy};
-use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef};
+use rlx_runtime::{Executable, MemoryStats, Precision, RuntimeError, TensorRef};
 
 /// Where a graph runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +67,7 @@ pub struct Session {
     policy: Option<SplitPolicy>,
     threads: Option<usize>,
     poison: bool,
+    precision: Precision,
 }
 
 impl Session {
@@ -80,6 +81,7 @@ impl Session {
             policy: None,
             threads: None,
             poison: false,
+            precision: Precision::F32,
         }
     }
 
@@ -101,6 +103,17 @@ impl Session {
         self
     }
 
+    /// Set the arithmetic of float tensors (default f32). `Bf16` and `F16`
+    /// store matmul weights and intermediate activations in 16 bits and run
+    /// matmuls on tensor cores with f32 accumulation; `Tf32` keeps f32
+    /// storage and rounds matmul inputs to TF32. Inputs and outputs stay
+    /// f32. Only the CUDA backend offers more than f32: compiling for the
+    /// CPU at another precision is an [`Error::Device`].
+    pub fn precision(mut self, precision: Precision) -> Self {
+        self.precision = precision;
+        self
+    }
+
     /// Poison arena memory as soon as it is freed (a testing aid).
     pub fn poison_freed(mut self, on: bool) -> Self {
         self.poison = on;
@@ -111,6 +124,12 @@ impl Session {
     pub fn compile(&self, graph: Graph) -> Result<CompiledModel, Error> {
         graph.verify()?;
         let exec: Box<dyn Executable> = match self.device {
+            Device::Cpu if self.precision != Precision::F32 => {
+                return Err(Error::Device(format!(
+                    "cpu: precision {} is not supported (f32 only)",
+                    self.precision
+                )))
+            }
             Device::Cpu => Box::new(CpuModel::compile(
                 graph,
                 &CpuOptions {
@@ -138,6 +157,7 @@ impl Session {
                         device: i,
                         hybrid: self.mode == ExecMode::Hybrid,
                         policy,
+                        precision: self.precision,
                     },
                 )?)
             }

@@ -1,0 +1,51 @@
+//! The CUDA plan without a device: what `compile` would build.
+
+use super::{Core, CudaOptions};
+use rlx_ir::Graph;
+use rlx_runtime::bind::{split_static, StaticSplit};
+use rlx_runtime::hybrid::PlanReport;
+use rlx_runtime::{MemoryStats, RuntimeError};
+
+/// What compiling a graph for CUDA plans, computed without a device: the
+/// segment plan (compiled segments, thunk ranges, dispatches and why each
+/// op stayed out), the arena figures and the storage plan.
+#[derive(Debug, Clone)]
+pub struct CudaPlan {
+    /// Segments, thunk ranges, dispatches and reasons.
+    pub report: PlanReport,
+    /// Arena and segment scratch figures (f32-sized slots).
+    pub memory: MemoryStats,
+    /// Tensors stored in 16 bits (activations and weights) at the
+    /// options' precision.
+    pub half_tensors: usize,
+    /// Matmul weights stored transposed (`[out, in]`).
+    pub transposed_weights: usize,
+    /// Narrows that attention reads in place (never materialized).
+    pub folded_narrows: usize,
+}
+
+/// Plan `graph` for CUDA as [`CudaModel::compile`](super::CudaModel::compile)
+/// would (param-only subgraphs split off, the hybrid plan, the storage
+/// plan, the arena), without opening a device.
+pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> {
+    graph.verify()?;
+    let StaticSplit { main, .. } = split_static(&graph);
+    let core = Core::new(main, opts);
+    let (mut transposed, mut folded) = (0, 0);
+    for n in core.graph.nodes() {
+        let s = core.store.get(n.id);
+        transposed += s.transposed as usize;
+        folded += s.folded as usize;
+    }
+    Ok(CudaPlan {
+        report: core.report.clone(),
+        memory: MemoryStats {
+            arena_bytes: core.mem.arena_bytes,
+            naive_bytes: core.mem.naive_bytes,
+            scratch_bytes: core.scratch_bytes,
+        },
+        half_tensors: core.store.half_nodes(),
+        transposed_weights: transposed,
+        folded_narrows: folded,
+    })
+}

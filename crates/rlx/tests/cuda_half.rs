@@ -1,0 +1,333 @@
+//! CUDA precisions and shape buckets (built only with `--features cuda`).
+//!
+//! - all-MiniLM-L6-v2 embeddings in bf16, f16 and tf32 against the PyTorch
+//!   reference (crates/rlx-models/tests/data/minilm_embeddings.json): a
+//!   cosine of at least 0.999 for every sentence, thunks and hybrid; the
+//!   max-abs error is printed;
+//! - a shape-bucket change: one CUDA model run at 1x128, re-targeted to
+//!   2x64 and back to 1x128 (graphs captured again each time), every run
+//!   against the CPU backend;
+//! - `SentenceEmbedder` on CUDA (f32 and bf16): three batches of other
+//!   shapes in a row, against the PyTorch reference.
+//!
+//! Where no CUDA driver or device is present every test prints
+//! "skipped: no CUDA device" and passes (CI has no GPU).
+#![cfg(feature = "cuda")]
+
+mod common;
+use common::assert_close;
+use rlx::cuda::{CudaModel, CudaOptions};
+use rlx::ir::{Graph, Op, Tensor};
+use rlx::models::bert::{build_graph, synthetic_params, BertConfig, BertOutputs};
+use rlx::runtime::{Executable, TensorRef};
+use rlx::{Device, ExecMode, Precision, Session};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn cuda_or_skip() -> bool {
+    match rlx::cuda::cuda_available() {
+        Ok(_) => true,
+        Err(why) => {
+            println!("skipped: no CUDA device ({why})");
+            false
+        }
+    }
+}
+
+fn optimized(g: &Graph) -> Graph {
+    let opt = rlx::opt::OptOptions {
+        target: Arc::new(|_: &Op| true),
+        ..Default::default()
+    };
+    rlx::opt::optimize(g, &opt).unwrap().0
+}
+
+fn model_dir() -> Option<PathBuf> {
+    let root = std::env::var_os("RLX_MODELS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models")))?;
+    let dir = root.join("all-minilm-l6-v2");
+    dir.join("model.safetensors").exists().then_some(dir)
+}
+
+fn reference_json() -> serde_json::Value {
+    let here = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../rlx-models/tests/data/minilm_embeddings.json"
+    );
+    let text = std::fs::read_to_string(here)
+        .or_else(|_| std::fs::read_to_string("crates/rlx-models/tests/data/minilm_embeddings.json"))
+        .expect("reference embeddings file");
+    serde_json::from_str(&text).unwrap()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    let nb = b.iter().map(|x| x * x).sum::<f32>().sqrt();
+    dot / (na * nb)
+}
+
+#[test]
+fn minilm_half_precisions_match_pytorch_on_cuda() {
+    if !cuda_or_skip() {
+        return;
+    }
+    let Some(dir) = model_dir() else {
+        println!("skipped: model not fetched (set RLX_MODELS_DIR)");
+        return;
+    };
+    use rlx::models::{EmbedOptions, SentenceEmbedder};
+    let v = reference_json();
+    let texts: Vec<String> = v["sentences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    let want: Vec<Vec<f32>> = v["embeddings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            e.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect();
+    let opts = EmbedOptions {
+        hybrid: false,
+        threads: None,
+        optimize: false,
+    };
+    let mut emb = SentenceEmbedder::load_with(&dir, opts).unwrap();
+    let cfg = emb.config().clone();
+    let cpu = emb.model_for(1, 1, false).unwrap();
+    let weights: Vec<(String, Tensor)> = cfg
+        .params()
+        .into_iter()
+        .map(|(n, _, _)| {
+            let t = cpu.take_param(&n).expect("weight");
+            (n, t)
+        })
+        .collect();
+    let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
+    let mut summary = Vec::new();
+    for precision in [Precision::Bf16, Precision::F16, Precision::Tf32] {
+        for mode in [ExecMode::Thunks, ExecMode::Hybrid] {
+            let (mut worst_abs, mut worst_cos) = (0f32, 1f32);
+            // The whole batch padded, then two sentences alone.
+            let groups: Vec<Vec<usize>> = vec![(0..texts.len()).collect(), vec![0], vec![5]];
+            for group in groups {
+                let batch_texts: Vec<&str> = group.iter().map(|&i| refs[i]).collect();
+                let batch = emb.tokenizer().encode_batch(&batch_texts).unwrap();
+                let outs = BertOutputs {
+                    pooled: true,
+                    tokens: false,
+                };
+                let g = optimized(&build_graph(&cfg, batch.batch, batch.seq, outs).unwrap());
+                let mut m = Session::new(Device::Cuda(0))
+                    .mode(mode)
+                    .precision(precision)
+                    .compile(g)
+                    .unwrap();
+                for (n, t) in &weights {
+                    m.set_param(n, t.as_f32().unwrap()).unwrap();
+                }
+                let out = m
+                    .run_typed(&[
+                        ("input_ids", TensorRef::I64(&batch.ids)),
+                        ("token_type_ids", TensorRef::I64(&batch.token_type_ids)),
+                        ("attention_mask", TensorRef::F32(&batch.attention_mask)),
+                    ])
+                    .unwrap();
+                let pooled = out[0].as_f32().unwrap();
+                let h = cfg.hidden_size;
+                for (row, &i) in group.iter().enumerate() {
+                    let got = &pooled[row * h..(row + 1) * h];
+                    let max_abs = got
+                        .iter()
+                        .zip(&want[i])
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max);
+                    let cos = cosine(got, &want[i]);
+                    assert!(
+                        cos >= 0.999,
+                        "{precision} {mode:?} batch {} sentence {i}: cosine {cos} (max abs {max_abs:e})",
+                        group.len()
+                    );
+                    worst_abs = worst_abs.max(max_abs);
+                    worst_cos = worst_cos.min(cos);
+                }
+                if group.len() > 1 && mode == ExecMode::Hybrid {
+                    assert_eq!(m.plan_stats().dispatches, 1, "{precision}: one CUDA graph");
+                }
+            }
+            summary.push(format!(
+                "{precision} {mode:?}: min cosine {worst_cos:.6}, max abs {worst_abs:.3e}"
+            ));
+        }
+    }
+    for line in &summary {
+        println!("MiniLM on CUDA vs PyTorch fp32, 12 sentences batched + 2 alone: {line}");
+    }
+}
+
+/// Token ids, token types and a keep-mask for a `b x s` BERT batch (row
+/// `r` keeps its first `s - 5 r` tokens).
+fn bert_inputs(b: usize, s: usize, seed: u64) -> (Vec<i64>, Vec<i64>, Vec<f32>) {
+    let mut state = seed | 1;
+    let ids = (0..b * s)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % 30000) as i64
+        })
+        .collect();
+    let tt = (0..b * s).map(|i| ((i % s) >= s / 2) as i64).collect();
+    let mask = (0..b * s)
+        .map(|i| ((i % s) < s - 5 * (i / s)) as u8 as f32)
+        .collect();
+    (ids, tt, mask)
+}
+
+#[test]
+fn shape_bucket_change_recaptures_and_matches_the_cpu() {
+    if !cuda_or_skip() {
+        return;
+    }
+    let cfg = BertConfig::minilm_l6();
+    let params = synthetic_params(&cfg, 7);
+    let outs = BertOutputs {
+        pooled: true,
+        tokens: true,
+    };
+    let graph = |b: usize, s: usize| optimized(&build_graph(&cfg, b, s, outs).unwrap());
+    for (precision, tol) in [(Precision::F32, 1e-4f32), (Precision::Bf16, 0.0)] {
+        let opts = CudaOptions {
+            hybrid: true,
+            precision,
+            ..CudaOptions::default()
+        };
+        let mut gpu = CudaModel::compile(graph(1, 128), &opts).unwrap();
+        for (name, v) in &params {
+            gpu.set_param(name, TensorRef::F32(v)).unwrap();
+        }
+        let mut first: Option<Vec<f32>> = None;
+        for (step, (b, s)) in [(1usize, 128usize), (2, 64), (1, 128)]
+            .into_iter()
+            .enumerate()
+        {
+            if step > 0 {
+                gpu.set_graph(graph(b, s)).unwrap();
+            }
+            let (ids, tt, mask) = bert_inputs(b, s, 11);
+            let inputs = [
+                ("input_ids", TensorRef::I64(&ids)),
+                ("token_type_ids", TensorRef::I64(&tt)),
+                ("attention_mask", TensorRef::F32(&mask)),
+            ];
+            let got = gpu.run(&inputs).unwrap();
+            let mut cpu = Session::new(Device::Cpu).compile(graph(b, s)).unwrap();
+            for (name, v) in &params {
+                cpu.set_param(name, v).unwrap();
+            }
+            let want = cpu.run_typed(&inputs).unwrap();
+            assert_eq!(got[0].shape.dims, vec![b, cfg.hidden_size]);
+            assert_eq!(got[1].shape.dims, vec![b, s, cfg.hidden_size]);
+            let what = format!("{precision} bucket {b}x{s} (step {step})");
+            let pooled = got[0].as_f32().unwrap();
+            let pooled_cpu = want[0].as_f32().unwrap();
+            if precision == Precision::F32 {
+                assert_close(pooled, pooled_cpu, tol, &what);
+                assert_close(
+                    got[1].as_f32().unwrap(),
+                    want[1].as_f32().unwrap(),
+                    tol,
+                    &format!("{what} tokens"),
+                );
+            } else {
+                let h = cfg.hidden_size;
+                for r in 0..b {
+                    let c = cosine(&pooled[r * h..(r + 1) * h], &pooled_cpu[r * h..(r + 1) * h]);
+                    assert!(c >= 0.999, "{what} row {r}: cosine {c}");
+                }
+            }
+            // Back at the first bucket: the same kernels give the same bits.
+            if b == 1 {
+                match &first {
+                    None => first = Some(pooled.to_vec()),
+                    Some(f) => assert_eq!(f.as_slice(), pooled, "{what}: differs from step 0"),
+                }
+            }
+            println!(
+                "{what}: matches the CPU backend, {:?}",
+                gpu.report().dispatches
+            );
+        }
+    }
+}
+
+#[test]
+fn sentence_embedder_on_cuda_changes_buckets_and_matches_pytorch() {
+    if !cuda_or_skip() {
+        return;
+    }
+    let Some(dir) = model_dir() else {
+        println!("skipped: model not fetched (set RLX_MODELS_DIR)");
+        return;
+    };
+    use rlx::models::{EmbedDevice, EmbedOptions, SentenceEmbedder};
+    let v = reference_json();
+    let texts: Vec<String> = v["sentences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    let want: Vec<Vec<f32>> = v["embeddings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            e.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect()
+        })
+        .collect();
+    for (precision, min_cos, max_abs) in [
+        (Precision::F32, 0.99999f32, 1e-4f32),
+        (Precision::Bf16, 0.999, 1.0),
+    ] {
+        let device = EmbedDevice::Cuda(CudaOptions {
+            hybrid: true,
+            precision,
+            ..CudaOptions::default()
+        });
+        let mut emb = SentenceEmbedder::load_on(&dir, EmbedOptions::default(), device).unwrap();
+        // Chunks of 5, 5 and 2 sentences: three shape buckets in a row.
+        let mut got = Vec::new();
+        for chunk in texts.chunks(5) {
+            let refs: Vec<&str> = chunk.iter().map(|s| s.as_str()).collect();
+            got.extend(emb.embed(&refs).unwrap());
+        }
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let abs = g
+                .iter()
+                .zip(w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            let c = cosine(g, w);
+            assert!(
+                c >= min_cos && abs <= max_abs,
+                "{precision} sentence {i}: cosine {c}, max abs {abs}"
+            );
+        }
+        println!("SentenceEmbedder on CUDA {precision}: 12 sentences in 3 buckets match PyTorch");
+    }
+}
