@@ -1,6 +1,7 @@
 """MiniLM (all-MiniLM-L6-v2) on one GPU: PyTorch eager, PyTorch with the whole
-model in one CUDA graph, torch.compile(mode="reduce-overhead"), and rlx
-(`rlx bench --device cuda`, thunks and hybrid), side by side in one run.
+model in one CUDA graph, torch.compile(mode="reduce-overhead"), each in fp32
+and bf16, and rlx (`rlx bench --device cuda`, thunks and hybrid, in f32, bf16
+and f16), side by side in one run.
 
 Runs ON the GPU machine (PyTorch + transformers there, no network):
 
@@ -8,9 +9,10 @@ Runs ON the GPU machine (PyTorch + transformers there, no network):
 
 The BERT is transformers' BertModel built from DIR/config.json with the
 weights of DIR/model.safetensors (no hub access), followed by the
-sentence-transformers head (masked mean pooling, L2 normalization), in
-fp32 with TF32 off (PyTorch's default for fp32 matmuls). Inputs are a full
-sequence of token ids, as in `rlx bench`.
+sentence-transformers head (masked mean pooling, L2 normalization). fp32
+runs with TF32 off (PyTorch's default for fp32 matmuls); bf16 runs convert
+the whole module with `.to(torch.bfloat16)`. Inputs are a full sequence of
+token ids, as in `rlx bench`.
 
 Timing: each iteration is timed on the wall clock and ends with a device
 synchronize; medians are reported. PyTorch's inputs already sit on the GPU
@@ -18,6 +20,7 @@ synchronize; medians are reported. PyTorch's inputs already sit on the GPU
 the pooled output back, so the comparison is conservative for rlx.
 """
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -81,13 +84,14 @@ def timed(fn, iters, warmup):
     return {"median_ms": statistics.median(times), "min_ms": min(times), "iters": iters}
 
 
-def torch_runs(model, b, s, iters, log):
+def torch_runs(model, b, s, iters, log, tag):
     ids, tt, mask = inputs(b, s)
     res = {}
+    tol = 1e-5 if tag == "fp32" else 2e-2
     with torch.inference_mode():
         ref = model(ids, tt, mask)
-        res["pytorch_eager"] = timed(lambda: model(ids, tt, mask), iters, 10)
-        log(f"{b}x{s} eager {res['pytorch_eager']}")
+        res[f"pytorch_eager_{tag}"] = timed(lambda: model(ids, tt, mask), iters, 10)
+        log(f"{b}x{s} {tag} eager {res[f'pytorch_eager_{tag}']}")
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -99,9 +103,9 @@ def torch_runs(model, b, s, iters, log):
             static_out = model(ids, tt, mask)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.allclose(static_out, ref, atol=1e-5)
-        res["pytorch_cuda_graph"] = timed(graph.replay, iters, 10)
-        log(f"{b}x{s} cuda graph {res['pytorch_cuda_graph']}")
+        assert torch.allclose(static_out.float(), ref.float(), atol=tol)
+        res[f"pytorch_cuda_graph_{tag}"] = timed(graph.replay, iters, 10)
+        log(f"{b}x{s} {tag} cuda graph {res[f'pytorch_cuda_graph_{tag}']}")
     try:
         compiled = torch.compile(model, mode="reduce-overhead")
         with torch.inference_mode():
@@ -110,33 +114,80 @@ def torch_runs(model, b, s, iters, log):
                 out = compiled(ids, tt, mask)
             torch.cuda.synchronize()
             compile_s = time.perf_counter() - t0
-            assert torch.allclose(out, ref, atol=1e-4)
+            assert torch.allclose(out.float(), ref.float(), atol=max(tol, 1e-4))
             r = timed(lambda: compiled(ids, tt, mask), iters, 10)
         r["compile_s"] = compile_s
-        res["pytorch_compile_reduce_overhead"] = r
-        log(f"{b}x{s} torch.compile {r}")
+        res[f"pytorch_compile_reduce_overhead_{tag}"] = r
+        log(f"{b}x{s} {tag} torch.compile {r}")
     except Exception as e:  # report, do not hide
-        res["pytorch_compile_reduce_overhead"] = {"error": f"{type(e).__name__}: {e}"[:500]}
-        log(f"{b}x{s} torch.compile failed: {e}")
+        res[f"pytorch_compile_reduce_overhead_{tag}"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        log(f"{b}x{s} {tag} torch.compile failed: {e}")
     return res
+
+
+PRECISIONS = ["f32", "bf16", "f16"]
 
 
 def rlx_runs(rlx, model_dir, b, s, iters, log):
     res = {}
-    for mode in ["thunks", "hybrid"]:
-        cmd = [rlx, "bench", "--model", model_dir, "--batch", str(b), "--seq", str(s),
-               "--mode", mode, "--device", "cuda", "--json", "--iters", str(iters), "--warmup", "10"]
-        p = subprocess.run(cmd, capture_output=True, text=True)
-        if p.returncode != 0:
-            res[f"rlx_{mode}"] = {"error": (p.stderr or p.stdout)[-800:]}
-            log(f"{b}x{s} rlx {mode} FAILED: {p.stderr[-800:]}")
-            continue
-        line = [l for l in p.stdout.splitlines() if l.startswith("{")][-1]
-        r = json.loads(line)
-        r.pop("times_ms", None)
-        res[f"rlx_{mode}"] = r
-        log(f"{b}x{s} rlx {mode} {r}")
+    for precision in PRECISIONS:
+        for mode in ["thunks", "hybrid"]:
+            name = f"rlx_{mode}_{precision}"
+            cmd = [rlx, "bench", "--model", model_dir, "--batch", str(b), "--seq", str(s),
+                   "--mode", mode, "--device", "cuda", "--precision", precision, "--json",
+                   "--iters", str(iters), "--warmup", "10"]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode != 0:
+                res[name] = {"error": (p.stderr or p.stdout)[-800:]}
+                log(f"{b}x{s} {name} FAILED: {p.stderr[-800:]}")
+                continue
+            line = [l for l in p.stdout.splitlines() if l.startswith("{")][-1]
+            r = json.loads(line)
+            r.pop("times_ms", None)
+            res[name] = r
+            log(f"{b}x{s} {name} {r}")
     return res
+
+
+def ratio(r, a, b):
+    """r[a] / r[b] on medians, or None."""
+    x, y = r.get(a, {}), r.get(b, {})
+    if "median_ms" not in x or "median_ms" not in y:
+        return None
+    return x["median_ms"] / y["median_ms"]
+
+
+def targets(result):
+    """The issue's targets, checked on this run's medians."""
+    out = []
+    sh = result["shapes"]
+
+    def line(what, num, den, shape, limit):
+        r = ratio(sh.get(shape, {}), num, den)
+        if r is None:
+            out.append(f"- {what}: not measured")
+            return
+        met = "**met**" if r <= limit else "**not met**"
+        a, b = sh[shape][num]["median_ms"], sh[shape][den]["median_ms"]
+        out.append(f"- {what}: {met}, {a:.3f} / {b:.3f} ms = {r:.2f}x (target <= {limit}x)")
+
+    line("1x128 fp32, rlx hybrid <= 1.0x PyTorch one CUDA graph fp32",
+         "rlx_hybrid_f32", "pytorch_cuda_graph_fp32", "1x128", 1.0)
+    line("1x128 bf16, rlx hybrid bf16 <= 0.5x PyTorch one CUDA graph bf16",
+         "rlx_hybrid_bf16", "pytorch_cuda_graph_bf16", "1x128", 0.5)
+    line("1x128 f16, rlx hybrid f16 <= 0.5x PyTorch one CUDA graph bf16",
+         "rlx_hybrid_f16", "pytorch_cuda_graph_bf16", "1x128", 0.5)
+    line("32x128 fp32, rlx hybrid <= 0.8x PyTorch one CUDA graph fp32",
+         "rlx_hybrid_f32", "pytorch_cuda_graph_fp32", "32x128", 0.8)
+    line("32x128 bf16, rlx hybrid bf16 <= 0.8x PyTorch one CUDA graph bf16",
+         "rlx_hybrid_bf16", "pytorch_cuda_graph_bf16", "32x128", 0.8)
+    for shape in sh:
+        for p in PRECISIONS:
+            t, h = sh[shape].get(f"rlx_thunks_{p}", {}), sh[shape].get(f"rlx_hybrid_{p}", {})
+            if "median_ms" in t and "median_ms" in h:
+                out.append(f"- Hybrid vs Thunks {shape} {p}: {h['dispatches']} vs {t['dispatches']} "
+                           f"dispatches, {h['median_ms']:.3f} vs {t['median_ms']:.3f} ms")
+    return out
 
 
 def main():
@@ -160,7 +211,7 @@ def main():
     result = {
         "device": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
-        "dtype": "fp32 (TF32 off)",
+        "dtype": "PyTorch fp32 (TF32 off) and bf16; rlx f32, bf16, f16",
         "note": "per-iteration wall time with device sync, median; PyTorch inputs resident on the GPU, "
                 "rlx runs include host->device input and device->host output copies",
         "shapes": {},
@@ -168,12 +219,16 @@ def main():
     import transformers
     result["transformers"] = transformers.__version__
     model = build_model(args.model_dir)
+    models = {"fp32": model, "bf16": copy.deepcopy(model).to(torch.bfloat16)}
     for shape in args.shapes.split(","):
         b, s = map(int, shape.split("x"))
         r = rlx_runs(args.rlx, args.model_dir, b, s, args.iters, log)
-        r.update(torch_runs(model, b, s, args.iters, log))
+        for tag, m in models.items():
+            r.update(torch_runs(m, b, s, args.iters, log, tag))
         result["shapes"][shape] = r
         json.dump(result, open(os.path.join(args.out, "gpu_h200.json"), "w"), indent=1)
+    result["targets"] = targets(result)
+    json.dump(result, open(os.path.join(args.out, "gpu_h200.json"), "w"), indent=1)
     rows = ["| shape | system | median ms | min ms | dispatches |", "|---|---|---|---|---|"]
     for shape, r in result["shapes"].items():
         for name, v in r.items():
@@ -181,7 +236,8 @@ def main():
                 rows.append(f"| {shape} | {name} | error | | |")
             else:
                 rows.append(f"| {shape} | {name} | {v['median_ms']:.3f} | {v['min_ms']:.3f} | {v.get('dispatches', '')} |")
-    md = f"# MiniLM on {result['device']} (fp32)\n\n{result['note']}.\n\n" + "\n".join(rows) + "\n"
+    md = (f"# MiniLM on {result['device']}\n\n{result['note']}.\n\n" + "\n".join(rows)
+          + "\n\nTargets:\n" + "\n".join(result["targets"]) + "\n")
     open(os.path.join(args.out, "gpu_h200.md"), "w").write(md)
     log(md)
 

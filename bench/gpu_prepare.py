@@ -8,7 +8,11 @@ use; every other row is zero. Parity checks read only kept rows; the
 benchmark's timing does not depend on the values. Everything else is exact.
 
 Usage (from the repo root, after the builds):
-    python3 bench/gpu_prepare.py <rlx binary> <cuda_parity test binary>
+    python3 bench/gpu_prepare.py <rlx binary> <test binary>...
+
+The bundle goes to $RLX_GPU_OUT (default .gpu)/bundle.tar.gz, with the test
+binaries under stage/tests/ named without cargo's hash suffix
+(bench/gpu_run_minilm.sh runs them all, then the benchmark).
 """
 import gzip
 import json
@@ -44,8 +48,8 @@ def trimmed_safetensors(src, dst, keep):
 
 
 def main():
-    rlx_bin, test_bin = sys.argv[1], sys.argv[2]
-    out = ".gpu"
+    rlx_bin, test_bins = sys.argv[1], sys.argv[2:]
+    out = os.environ.get("RLX_GPU_OUT", ".gpu")
     stage = os.path.join(out, "stage")
     shutil.rmtree(stage, ignore_errors=True)
     os.makedirs(os.path.join(stage, "models", MODEL), exist_ok=True)
@@ -63,8 +67,13 @@ def main():
         else:
             shutil.copy(p, os.path.join(stage, "models", MODEL, name))
     shutil.copy(rlx_bin, os.path.join(stage, "rlx"))
-    shutil.copy(test_bin, os.path.join(stage, "cuda_parity"))
-    subprocess.run(["strip", os.path.join(stage, "rlx"), os.path.join(stage, "cuda_parity")], check=True)
+    os.makedirs(os.path.join(stage, "tests"), exist_ok=True)
+    bins = [os.path.join(stage, "rlx")]
+    for t in test_bins:
+        name = os.path.basename(t).rsplit("-", 1)[0]
+        bins.append(os.path.join(stage, "tests", name))
+        shutil.copy(t, bins[-1])
+    subprocess.run(["strip", *bins], check=True)
     bundle = os.path.join(out, "bundle.tar.gz")
     with tarfile.open(bundle, "w:gz", compresslevel=6) as tar:
         tar.add(stage, arcname="stage")
