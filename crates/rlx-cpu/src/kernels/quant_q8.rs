@@ -12,7 +12,10 @@
 //!   the f32-activation kernels of [`super::quant`]: same numbers up to f32
 //!   rounding, no speed-up.
 //!
-//! Decode (`m == 1`) runs tiles of 4 weight rows x 1 activation row; up to
+//! Decode (`m == 1`) runs one weight row at a time, a single stream with a
+//! software prefetch 1 KiB ahead (measured in the SmolLM2 decode step: 4-row
+//! tiles are faster on weights in cache but slower once they stream from
+//! memory, 3.5 vs 2.5 ms for the 30 MB Q8_0 head); up to
 //! [`INT_MAX_ROWS`] rows run 2 x 4 tiles (each pair of weight rows unpacked
 //! once) into `y^T`, which is then transposed. Weight rows are split over
 //! the rayon pool in chunks. Past [`INT_MAX_ROWS`] rows the rounded
@@ -122,6 +125,30 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize, avx2: bool) -> Q8Rows {
     r
 }
 
+/// `x` (a whole number of 32-blocks) replaced by its rounded values `d * q`
+/// in one pass; equal to `quantize_rows(..).dequantize()`, bit for bit.
+pub fn round_rows(x: &[f32], avx2: bool) -> Vec<f32> {
+    let mut out = vec![0.0f32; x.len()];
+    let mut q = [0i8; QK];
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(QK)) {
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: `avx2` is set only when the CPU has AVX2, FMA and F16C;
+            // `xb`, `ob` and `q` hold 32 elements.
+            unsafe {
+                let (d, _) = x86::quantize_block(xb, &mut q);
+                x86::scale_block(&q, d, ob);
+            }
+            continue;
+        }
+        let (d, _) = quantize_block_scalar(xb, &mut q);
+        for (o, &v) in ob.iter_mut().zip(&q) {
+            *o = d * f32::from(v);
+        }
+    }
+    out
+}
+
 /// Weight formats with an integer kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -207,12 +234,11 @@ fn matmul_int8_isa(
             format!("int8 activations need K ({k}) to be a multiple of {QK}"),
         ));
     }
-    let xq = quantize_rows(x, m, k, avx2);
-    let kind = Kind::of(scheme).filter(|_| m <= INT_MAX_ROWS);
-    let Some(kind) = kind else {
-        let xh = xq.dequantize();
+    let Some(kind) = Kind::of(scheme).filter(|_| m <= INT_MAX_ROWS) else {
+        let xh = round_rows(x, avx2);
         return super::quant::dequant_matmul(scheme, &xh, m, k, w, n, out, parallel);
     };
+    let xq = quantize_rows(x, m, k, avx2);
     if kind.bb() * (k / QK) != rb {
         return Err(bad_shape(OP, format!("row bytes {rb} for K = {k}")));
     }
@@ -328,7 +354,7 @@ mod x86 {
     use super::{Kind, Q8Rows, QK};
     use std::arch::x86_64::*;
 
-    /// Bytes ahead of the current weight block that the kernels prefetch.
+    /// Bytes ahead of the current block that a one-row GEMV prefetches.
     const PF_DIST: usize = 1024;
 
     const Q4_0: u8 = 0;
@@ -393,6 +419,23 @@ mod x86 {
         // SAFETY: `q` holds 32 bytes (the caller's contract).
         _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, b);
         (d, _mm_cvtsi128_si32(s))
+    }
+
+    /// `out = d * q` for one block of 32.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2; `q` and `out` hold 32 elements.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn scale_block(q: &[i8], d: f32, out: &mut [f32]) {
+        debug_assert!(q.len() == QK && out.len() == QK);
+        let dv = _mm256_set1_ps(d);
+        for i in 0..4 {
+            let qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64(q.as_ptr().add(8 * i) as *const __m128i));
+            _mm256_storeu_ps(
+                out.as_mut_ptr().add(8 * i),
+                _mm256_mul_ps(_mm256_cvtepi32_ps(qi), dv),
+            );
+        }
     }
 
     /// Horizontal sum of 8 lanes.
@@ -479,8 +522,11 @@ mod x86 {
             let mut mw = [0.0f32; R];
             for r in 0..R {
                 let blk = a.w.add((r0 + r) * a.rb + b * a.bb);
-                // A hint only: prefetching past the end of `w` is harmless.
-                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST) as *const i8);
+                // One row: PF_DIST ahead in the stream. Several rows side by
+                // side: the same block of the next tile's row, R rows on.
+                // A hint only: past the end of `w` is harmless.
+                let ahead = if R == 1 { PF_DIST } else { R * a.rb };
+                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(ahead) as *const i8);
                 let (v, d, mn) = load_w::<KIND>(blk);
                 wv[r] = v;
                 dw[r] = d;
@@ -528,16 +574,9 @@ mod x86 {
     /// activation rows.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn rows_k<const KIND: u8>(a: &Args, rows: usize) {
-        let m = a.m;
-        let mut r = 0;
-        if m == 1 {
-            while r + 4 <= rows {
-                tile::<KIND, 4, 1>(a, r, 0);
-                r += 4;
-            }
-            while r < rows {
+        if a.m == 1 {
+            for r in 0..rows {
                 tile::<KIND, 1, 1>(a, r, 0);
-                r += 1;
             }
             return;
         }
@@ -830,6 +869,11 @@ mod tests {
             assert_eq!(da.to_bits(), db.to_bits());
         }
         assert!(a.d[2].is_nan() && a.d[3].is_nan() && a.d[0] == 0.0 && a.d[1] == 0.0);
+        let want: Vec<u32> = a.dequantize().iter().map(|v| v.to_bits()).collect();
+        for avx2 in [false, true] {
+            let got: Vec<u32> = round_rows(&x, avx2).iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "round_rows avx2={avx2}");
+        }
     }
 
     /// Integer-valued operands (weight scales 1, activation blocks with
@@ -1045,6 +1089,48 @@ mod bench {
         // Linux); clock 3 is CLOCK_THREAD_CPUTIME_ID.
         unsafe { clock_gettime(3, &mut t) };
         t.sec as u64 * 1_000_000_000 + t.nsec as u64
+    }
+
+    /// Timing aid: decode GEMVs on the rayon pool (SmolLM2's shapes), f32
+    /// and int8 activations interleaved, minimum wall time.
+    #[test]
+    #[ignore = "timing aid, not a test: run with --release -- --ignored --nocapture"]
+    fn gemv_parallel_timing() {
+        for (scheme, n, k) in [
+            (QuantScheme::Q4_1, 960, 576),
+            (QuantScheme::Q4_1, 3072, 576),
+            (QuantScheme::Q4_1, 576, 1536),
+            (QuantScheme::Q8_0, 49152, 576),
+        ] {
+            let rb = scheme.row_bytes(k).unwrap();
+            let mut w: Vec<u8> = (0..n * rb).map(|i| (i * 7 + 3) as u8).collect();
+            for blk in w.chunks_exact_mut(scheme.block_bytes()) {
+                blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
+            }
+            let x: Vec<f32> = (0..k).map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8).collect();
+            let mut out = vec![0.0f32; n];
+            let mut best = [f64::INFINITY; 2];
+            for _ in 0..if n > 10000 { 60 } else { 400 } {
+                for (i, act) in [ActivationPrecision::F32, ActivationPrecision::Int8]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let t = std::time::Instant::now();
+                    super::super::quant::dequant_matmul_act(
+                        scheme, act, &x, 1, k, &w, n, &mut out, true,
+                    )
+                    .unwrap();
+                    best[i] = best[i].min(t.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            println!(
+                "{scheme:?} m=1 n={n} k={k}, pool: f32 {:.1} us, int8 {:.1} us ({:.1} / {:.1} GB/s of weights)",
+                best[0],
+                best[1],
+                (n * rb) as f64 / best[0] / 1e3,
+                (n * rb) as f64 / best[1] / 1e3
+            );
+        }
     }
 
     /// Timing aid: `cargo test -p rlx-cpu --release quant_q8::bench -- --ignored --nocapture`.
