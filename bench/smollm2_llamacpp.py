@@ -17,6 +17,12 @@ hits both; after one warm-up run of each, `--rounds` (7) timed rounds are taken
 and the medians reported. A missing or failing rlx binary is recorded as null
 with the reason, and the llama.cpp numbers are still written.
 
+rlx runs in two modes, interleaved in the same rounds: the default f32
+activations (rows with `"activations": "f32"`) and the opt-in
+`--int8-activations` mode that rounds activations to 8-bit blocks as llama.cpp
+does (rows with `"activations": "int8"`; `--no-int8` skips it). Every row keeps
+`{phase, rlx_tok_s, llamacpp_tok_s, ratio}` against the same llama.cpp medians.
+
 Writes bench/results/smollm2_cpu.json and bench/results/smollm2_cpu.md.
 Run with bench/.venv-llamacpp/bin/python (see bench/setup_llamacpp_venv.sh).
 """
@@ -146,9 +152,9 @@ class RlxRunner:
     """Invokes `rlx bench-llm ... --json`; disables itself (with a reason) on failure."""
 
     def __init__(self, binary: Path, model: Path, prefill: int, decode: int, threads: int,
-                 timeout_s: float) -> None:
+                 timeout_s: float, extra: list[str] | None = None) -> None:
         self.cmd = [str(binary), "bench-llm", "--model", str(model), "--prefill", str(prefill),
-                    "--decode", str(decode), "--threads", str(threads), "--json"]
+                    "--decode", str(decode), "--threads", str(threads), "--json", *(extra or [])]
         self.timeout_s = timeout_s
         self.broken: str | None = None
         if not binary.is_file():
@@ -268,6 +274,7 @@ def main() -> int:
     ap.add_argument("--rlx-bin", type=Path, default=REPO / "target" / "release" / "rlx")
     ap.add_argument("--rlx-timeout", type=float, default=600.0, help="seconds per rlx invocation")
     ap.add_argument("--skip-rlx", action="store_true")
+    ap.add_argument("--no-int8", action="store_true", help="skip the rlx --int8-activations runs")
     ap.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
     ap.add_argument("--worker", choices=("default", "passive", "active"), help=argparse.SUPPRESS)
     ap.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
@@ -297,14 +304,17 @@ def main() -> int:
     info = workers[0].info
     for n in info["reference_check"]:
         print(f"[llama.cpp] {n}", flush=True)
-    rlx = RlxRunner(args.rlx_bin, args.model, args.prefill, args.decode, args.threads, args.rlx_timeout)
-    if args.skip_rlx:
-        rlx._fail("skipped (--skip-rlx)")
-    rlx.run()  # warm-up, not timed
+    modes = ["f32"] + ([] if args.no_int8 else ["int8"])
+    rlxs = {m: RlxRunner(args.rlx_bin, args.model, args.prefill, args.decode, args.threads, args.rlx_timeout,
+                         ["--int8-activations"] if m == "int8" else [])
+            for m in modes}
+    for rlx in rlxs.values():
+        if args.skip_rlx:
+            rlx._fail("skipped (--skip-rlx)")
+        rlx.run()  # warm-up, not timed
 
     ll: dict[str, tuple[list[float], list[float]]] = {p: ([], []) for p in policies}
-    rx_pre: list[float] = []
-    rx_dec: list[float] = []
+    rx: dict[str, tuple[list[float], list[float]]] = {m: ([], []) for m in modes}
     try:
         for r in range(args.rounds):
             msg = []
@@ -313,36 +323,40 @@ def main() -> int:
                 ll[w.policy][0].append(p)
                 ll[w.policy][1].append(d)
                 msg.append(f"llama.cpp[{w.policy}] {p:.1f} / {d:.1f}")
-            got = rlx.run()
-            if got is not None:
-                rx_pre.append(got[0])
-                rx_dec.append(got[1])
-                msg.append(f"rlx {got[0]:.1f} / {got[1]:.1f}")
-            else:
-                msg.append("rlx —")
+            for m, rlx in rlxs.items():
+                got = rlx.run()
+                if got is not None:
+                    rx[m][0].append(got[0])
+                    rx[m][1].append(got[1])
+                    msg.append(f"rlx[{m}] {got[0]:.1f} / {got[1]:.1f}")
+                else:
+                    msg.append(f"rlx[{m}] —")
             print(f"[round {r + 1}/{args.rounds}] prefill / decode tok/s: " + " | ".join(msg), flush=True)
     finally:
         for w in workers:
             w.close()
 
     rows = []
-    for k, phase in enumerate(("prefill", "decode")):
-        rx_runs = rx_pre if phase == "prefill" else rx_dec
-        rx_m = median(rx_runs) if not rlx.broken else None
-        per_policy = {p: median(ll[p][k]) for p in policies}
-        best = max(policies, key=lambda p: per_policy[p] or 0.0)
-        ll_m = per_policy[best]
-        rows.append({
-            "phase": phase,
-            "tokens": args.prefill if phase == "prefill" else args.decode,
-            "rlx_tok_s": round(rx_m, 2) if rx_m is not None else None,
-            "llamacpp_tok_s": round(ll_m, 2) if ll_m is not None else None,
-            "ratio": round(rx_m / ll_m, 3) if rx_m and ll_m else None,
-            "llamacpp_policy": best,
-            "llamacpp_tok_s_by_policy": {p: round(v, 2) if v is not None else None for p, v in per_policy.items()},
-            "rlx_runs": [round(x, 2) for x in rx_runs] if not rlx.broken else [],
-            "llamacpp_runs": {p: [round(x, 2) for x in ll[p][k]] for p in policies},
-        })
+    for m, rlx in rlxs.items():
+        for k, phase in enumerate(("prefill", "decode")):
+            rx_runs = rx[m][k]
+            rx_m = median(rx_runs) if not rlx.broken else None
+            per_policy = {p: median(ll[p][k]) for p in policies}
+            best = max(policies, key=lambda p: per_policy[p] or 0.0)
+            ll_m = per_policy[best]
+            rows.append({
+                "phase": phase,
+                "activations": m,
+                "tokens": args.prefill if phase == "prefill" else args.decode,
+                "rlx_tok_s": round(rx_m, 2) if rx_m is not None else None,
+                "llamacpp_tok_s": round(ll_m, 2) if ll_m is not None else None,
+                "ratio": round(rx_m / ll_m, 3) if rx_m and ll_m else None,
+                "llamacpp_policy": best,
+                "llamacpp_tok_s_by_policy": {p: round(v, 2) if v is not None else None
+                                             for p, v in per_policy.items()},
+                "rlx_runs": [round(x, 2) for x in rx_runs] if not rlx.broken else [],
+                "llamacpp_runs": {p: [round(x, 2) for x in ll[p][k]] for p in policies},
+            })
 
     result = {
         "model": disp(args.model),
@@ -356,8 +370,10 @@ def main() -> int:
         "llamacpp_policies": policies,
         "llamacpp_system_info": info["system_info"],
         "llamacpp_reference_check": info["reference_check"],
-        "rlx_command": rlx.show(),
-        "rlx_unavailable": rlx.broken,
+        "rlx_command": rlxs["f32"].show(),
+        "rlx_commands": {m: r.show() for m, r in rlxs.items()},
+        "rlx_unavailable": rlxs["f32"].broken,
+        "rlx_unavailable_by_mode": {m: r.broken for m, r in rlxs.items()},
         "loadavg_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "rows": rows,
     }
@@ -383,26 +399,31 @@ def markdown(res: dict) -> str:
         f"- llama.cpp: llama-cpp-python, n_threads = n_threads_batch = {res['threads']}, n_ctx = {res['n_ctx']}, "
         f"n_batch = {res['n_ctx']}, KV cache f16, no flash attention, OpenMP wait policies measured: "
         f"{', '.join(pol)} (the faster one per phase is the baseline); `{res['llamacpp_system_info']}`",
-        f"- rlx: `{res['rlx_command']}`",
+        *[f"- rlx [{m}]: `{c}`" for m, c in res["rlx_commands"].items()],
         f"- method: prefill = one forward pass over a {res['prefill_tokens']}-token prompt; decode = "
         f"{res['decode_tokens']} greedy tokens one at a time right after it; median over {res['rounds']} "
         f"interleaved rounds after one warm-up run of each engine",
+        "- rlx activations: `f32` = the default (exact up to f32 rounding, matches the fp32 reference "
+        "within 0.02); `int8` = `--int8-activations`, activations rounded to 8-bit blocks of 32 with "
+        "integer dot products, as llama.cpp does (top-1 equal and top-10 logits within 0.5 of the reference)",
         f"- machine load average (1 min) before / after: {res['loadavg_1m_before_after'][0]} / "
         f"{res['loadavg_1m_before_after'][1]} (above the core count means other work competed for the CPUs)",
         "",
-        "| phase | tokens | rlx tok/s | llama.cpp tok/s | rlx / llama.cpp | "
+        "| phase | rlx activations | tokens | rlx tok/s | llama.cpp tok/s | rlx / llama.cpp | "
         + " | ".join(f"llama.cpp [{p}]" for p in pol) + " |",
-        "|---|---:|---:|---:|---:|" + "---:|" * len(pol),
+        "|---|---|---:|---:|---:|---:|" + "---:|" * len(pol),
     ]
     for r in res["rows"]:
         by = r["llamacpp_tok_s_by_policy"]
-        lines.append(f"| {r['phase']} | {r['tokens']} | {fmt(r['rlx_tok_s'])} | {fmt(r['llamacpp_tok_s'])} "
+        lines.append(f"| {r['phase']} | {r.get('activations', 'f32')} | {r['tokens']} | {fmt(r['rlx_tok_s'])} "
+                     f"| {fmt(r['llamacpp_tok_s'])} "
                      f"({r['llamacpp_policy']}) | {fmt(r['ratio'], '.3f')} | "
                      + " | ".join(fmt(by[p]) for p in pol) + " |")
     lines.append("")
     lines.append("Higher is better; ratio > 1 means rlx is faster.")
-    if res["rlx_unavailable"]:
-        lines += ["", f"rlx not measured (— in the table): {res['rlx_unavailable']}"]
+    for m, why in res["rlx_unavailable_by_mode"].items():
+        if why:
+            lines += ["", f"rlx [{m}] not measured (— in the table): {why}"]
     if res["llamacpp_reference_check"]:
         lines += ["", "llama.cpp against the fp32 HF reference (`crates/rlx-models/tests/data/smollm2_logits.json`;"
                   " llama.cpp quantizes activations to 8 bits, so greedy paths may part after a few tokens):", ""]
