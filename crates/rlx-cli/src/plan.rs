@@ -89,12 +89,19 @@ fn plan_cuda(g: &rlx::ir::Graph, a: &PlanArgs) -> Result<Planned, String> {
     };
     let p = rlx::cuda::plan(g.clone(), &opts).map_err(|e| e.to_string())?;
     Ok(Planned {
-        lines: vec![format!(
-            "cuda storage ({}): {} tensors in 16 bits, {} matmul weights stored [out, in], {} narrows read in place by attention",
-            a.precision, p.half_tensors, p.transposed_weights, p.folded_narrows
-        )],
+        lines: vec![
+            format!(
+                "cuda storage ({}): {} tensors in 16 bits, {} matmul weights stored [out, in], {} narrows read in place by attention",
+                a.precision, p.half_tensors, p.transposed_weights, p.folded_narrows
+            ),
+            format!(
+                "cuda fusion: {} elementwise chains ({} ops) become one generated kernel each",
+                p.fused_chains, p.fused_nodes
+            ),
+        ],
         extra: json!({"half_tensors": p.half_tensors, "transposed_weights": p.transposed_weights,
-            "folded_narrows": p.folded_narrows}),
+            "folded_narrows": p.folded_narrows, "fused_chains": p.fused_chains,
+            "fused_nodes": p.fused_nodes}),
         report: p.report,
         memory: p.memory,
     })

@@ -136,6 +136,47 @@ fn loaded(ordinal: usize) -> Result<Arc<Loaded>, String> {
     Ok(l)
 }
 
+/// A generated kernel `name` in `source`, compiled by NVRTC for the
+/// device and loaded once per process (cached by device and name; names
+/// are derived from the source).
+pub(crate) fn dynamic_function(
+    gpu: &Gpu,
+    name: &str,
+    source: &str,
+) -> Result<drv_sys::CUfunction, String> {
+    type DynCache = Mutex<HashMap<(usize, String), FuncHandle>>;
+    static CACHE: OnceLock<DynCache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut guard = cache.lock().unwrap_or_else(|p| p.into_inner());
+    let key = (gpu.ctx.ordinal(), name.to_string());
+    if let Some(f) = guard.get(&key) {
+        return Ok(f.0);
+    }
+    let cc = gpu
+        .ctx
+        .compute_capability()
+        .map_err(|e| derr("compute capability", e))?;
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
+        .map_err(|e| format!("NVRTC compile of generated kernel {name} failed: {e:?}"))?;
+    let ptx = CString::new(ptx.to_src()).map_err(|_| "PTX holds a NUL byte".to_string())?;
+    gpu.bind()?;
+    let _lock = device_lock();
+    // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call; the
+    // module is never unloaded (its functions are cached for the process).
+    let module = unsafe { drv::module::load_data(ptx.as_ptr() as *const c_void) }
+        .map_err(|e| derr("load generated module", e))?;
+    let cname = CString::new(name).map_err(|_| "kernel name".to_string())?;
+    // SAFETY: `module` was just loaded and is valid.
+    let f = unsafe { drv::module::get_function(module, cname) }
+        .map_err(|e| derr(&format!("kernel {name}"), e))?;
+    guard.insert(key, FuncHandle(f));
+    Ok(f)
+}
+
 /// One device's execution resources for one model.
 pub(crate) struct Gpu {
     pub(crate) ctx: Arc<CudaContext>,

@@ -2,7 +2,8 @@
 //! once, thunks as one launch per op, compiled segments as CUDA graphs.
 
 use crate::device::{DeviceBuffer, Gpu, Graph as CuGraph, Pinned};
-use crate::lower::{epilogue_launch, lower, view_of, view_of_st, Arg, Launch, WithStore};
+use crate::fuse::{find_chains, Fusion};
+use crate::lower::{epilogue_launch, lower, view_of, view_of_st, Arg, Env, Launch, WithStore};
 use crate::store::{device_bytes, Store, StorePlan};
 use cudarc::driver::{result as drv, sys as drv_sys};
 use rlx_cpu::{CpuModel, CpuOptions};
@@ -255,6 +256,9 @@ struct Core {
     store: StorePlan,
     /// Param name -> node.
     param_ids: HashMap<String, NodeId>,
+    /// Per step: the fused elementwise chains of a compiled segment (by
+    /// sub-graph node); empty for thunk ranges.
+    chains: Vec<HashMap<NodeId, Fusion>>,
 }
 
 impl Core {
@@ -313,6 +317,14 @@ impl Core {
                 _ => None,
             })
             .collect();
+        let chains = plan
+            .steps
+            .iter()
+            .map(|s| match s {
+                Step::Compiled { sub, .. } => find_chains(&sub.graph),
+                Step::Thunks { .. } => HashMap::new(),
+            })
+            .collect();
         let scratch_bytes = plan
             .steps
             .iter()
@@ -330,6 +342,7 @@ impl Core {
             scratch_bytes,
             store,
             param_ids,
+            chains,
         }
     }
 
@@ -617,7 +630,7 @@ impl CudaModel {
         let graph = &self.core.graph;
         let mut meta: Vec<i32> = Vec::new();
         let mut raw: Vec<(bool, Vec<(NodeId, Launch)>)> = Vec::new();
-        for step in &self.core.steps {
+        for (si, step) in self.core.steps.iter().enumerate() {
             match step {
                 Step::Thunks { start, end } => {
                     let mut v = Vec::new();
@@ -668,9 +681,12 @@ impl CudaModel {
                             continue;
                         }
                         let parent = sub.parent_of[node.id.index()];
-                        let env = WithStore(&sub_addr, |id: NodeId| {
-                            self.core.store.get(sub.parent_of[id.index()])
-                        });
+                        let chains = &self.core.chains[si];
+                        let env = Env(
+                            &sub_addr,
+                            |id: NodeId| self.core.store.get(sub.parent_of[id.index()]),
+                            |id: NodeId| chains.get(&id).cloned().unwrap_or_default(),
+                        );
                         let ls = lower(g, node, &env, &mut meta)
                             .map_err(|e| kernel_err(graph, parent, e))?;
                         v.extend(ls.into_iter().map(|l| (parent, l)));
@@ -758,6 +774,33 @@ impl CudaModel {
                         }
                         return Ok(());
                     }
+                }
+            }
+            Launch::Dyn {
+                name,
+                source,
+                grid,
+                block,
+                args,
+            } => {
+                let f = crate::device::dynamic_function(&self.gpu, &name, &source)
+                    .map_err(|e| kernel_err(graph, node, e))?;
+                Work::Kernel {
+                    name: "fused-chain",
+                    f,
+                    grid,
+                    block,
+                    args: args
+                        .iter()
+                        .map(|a| match *a {
+                            Arg::P(p) => p,
+                            Arg::I(i) => i as u32 as u64,
+                            Arg::L(l) => l as u64,
+                            Arg::F(f) => f.to_bits() as u64,
+                            Arg::Meta(at) => meta + 4 * at as u64,
+                            Arg::Status => self.status.ptr,
+                        })
+                        .collect(),
                 }
             }
             Launch::Copy { dst, src, bytes } => Work::Copy { dst, src, bytes },

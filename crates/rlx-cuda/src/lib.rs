@@ -18,6 +18,7 @@
 
 mod device;
 mod executor;
+mod fuse;
 mod kernels;
 mod kv;
 mod lower;

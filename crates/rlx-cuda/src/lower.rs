@@ -4,6 +4,7 @@
 //! list of [`Launch`]es. The same function checks capability (with dummy
 //! addresses) and builds the real schedule.
 
+use crate::fuse::Fusion;
 use crate::store::{Dt, Store};
 use rlx_ir::op::{Activation, BinaryOp, MaskKind, ReduceOp, RopeStyle};
 use rlx_ir::{DType, Graph, Node, NodeId, Op, Shape};
@@ -111,6 +112,15 @@ pub(crate) enum Launch {
     Copy { dst: u64, src: u64, bytes: usize },
     /// Zero `bytes` at `dst`.
     Zero { dst: u64, bytes: usize },
+    /// A kernel generated at compile time (a fused elementwise chain),
+    /// compiled by NVRTC on first use.
+    Dyn {
+        name: std::sync::Arc<str>,
+        source: std::sync::Arc<str>,
+        grid: [u32; 3],
+        block: u32,
+        args: Vec<Arg>,
+    },
 }
 
 /// Where each node's data lives.
@@ -120,6 +130,30 @@ pub(crate) trait Addr {
     /// How `id` is stored (f32 and untransposed unless a plan says otherwise).
     fn store(&self, _id: NodeId) -> Store {
         Store::default()
+    }
+    /// Whether `id` belongs to a fused elementwise chain.
+    fn fusion(&self, _id: NodeId) -> Fusion {
+        Fusion::None
+    }
+}
+
+/// Addresses, a storage plan and the fused chains of a segment.
+pub(crate) struct Env<F, S, C>(pub F, pub S, pub C);
+
+impl<F, S, C> Addr for Env<F, S, C>
+where
+    F: Fn(NodeId) -> Option<u64>,
+    S: Fn(NodeId) -> Store,
+    C: Fn(NodeId) -> Fusion,
+{
+    fn addr(&self, id: NodeId) -> Option<u64> {
+        (self.0)(id)
+    }
+    fn store(&self, id: NodeId) -> Store {
+        (self.1)(id)
+    }
+    fn fusion(&self, id: NodeId) -> Fusion {
+        (self.2)(id)
     }
 }
 
@@ -204,7 +238,7 @@ fn int(x: usize, what: &str) -> Result<i32, String> {
     i32::try_from(x).map_err(|_| format!("{what} = {x} does not fit a 32-bit int"))
 }
 
-fn act_code(a: Option<Activation>) -> i32 {
+pub(crate) fn act_code(a: Option<Activation>) -> i32 {
     match a {
         None => 12,
         Some(Activation::Relu) => 0,
@@ -222,7 +256,7 @@ fn act_code(a: Option<Activation>) -> i32 {
     }
 }
 
-fn bin_code(b: BinaryOp) -> i32 {
+pub(crate) fn bin_code(b: BinaryOp) -> i32 {
     match b {
         BinaryOp::Add => 0,
         BinaryOp::Sub => 1,
@@ -254,7 +288,7 @@ fn pad(dims: &[usize], rank: usize) -> Vec<usize> {
 
 /// Whether an operand of `dims` broadcast to `out` is `out`'s trailing block
 /// (so that `out[i]` reads operand element `i % numel`).
-fn is_suffix(dims: &[usize], out: &[usize]) -> bool {
+pub(crate) fn is_suffix(dims: &[usize], out: &[usize]) -> bool {
     let p = pad(dims, out.len());
     match p.iter().position(|&d| d != 1) {
         None => true,
@@ -347,6 +381,37 @@ pub(crate) fn lower(
     let out_shape = &node.shape;
     if node.shape.rank() > MAX_RANK {
         return Err(format!("rank {} > {MAX_RANK}", node.shape.rank()));
+    }
+    match cx.addr.fusion(node.id) {
+        Fusion::None => {}
+        Fusion::Interior => return Ok(vec![]),
+        Fusion::Root(c) => {
+            let n = out_shape.numel();
+            let mut args = vec![
+                Arg::P(cx.out()?),
+                Arg::L(n as i64),
+                Arg::I(cx.dt_out().code()),
+            ];
+            for &l in &c.leaves {
+                let a = cx
+                    .addr
+                    .addr(l)
+                    .ok_or_else(|| format!("chain input (node {l}) has no device address"))?;
+                let dt = cx.addr.store(l).dt;
+                args.extend([
+                    Arg::P(a),
+                    Arg::L(graph.node(l).shape.numel().max(1) as i64),
+                    Arg::I(dt.code()),
+                ]);
+            }
+            return Ok(vec![Launch::Dyn {
+                name: c.name.clone(),
+                source: c.source.clone(),
+                grid: grid1(n),
+                block: 256,
+                args,
+            }]);
+        }
     }
     let n = out_shape.numel();
     let esz = if out_shape.dtype == DType::F32 {
@@ -1066,12 +1131,10 @@ fn norm<A: Addr>(
         Arg::F(eps),
         Arg::I(rms as i32),
     ];
-    let name = if types.iter().all(|&t| t == Dt::F32) {
-        "norm_rows"
-    } else {
-        args.extend(types.iter().map(|t| Arg::I(t.code())));
-        "norm_rows_x"
-    };
+    // The mixed kernel reads each row once (the f32 one three times); with
+    // f32 codes it computes the same sums in the same order.
+    args.extend(types.iter().map(|t| Arg::I(t.code())));
+    let name = "norm_rows_x";
     Ok(vec![Launch::Kernel {
         name,
         grid: [int(rows, "rows")? as u32, 1, 1],
@@ -1313,14 +1376,11 @@ fn attention<A: Addr>(
         let capped = softcap.is_some_and(|c| c > 0.0);
         if let Some(name) = crate::mixed::attention_tc_kernel(dts[0], d, mk, capped, [qs, ks, vs]) {
             args.extend([dts[0], dts[1], dts[2], cx.dt_out()].map(|t| Arg::I(t.code())));
+            let warps = crate::mixed::attention_tc_warps(b * hq, sq);
             return Ok(vec![Launch::Kernel {
                 name,
-                grid: [
-                    sq.div_ceil(crate::mixed::ATTENTION_TC_ROWS) as u32,
-                    hq as u32,
-                    b as u32,
-                ],
-                block: 128,
+                grid: [(sq.div_ceil(16 * warps)) as u32, hq as u32, b as u32],
+                block: 32 * warps as u32,
                 args,
             }]);
         }

@@ -16,6 +16,10 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 
+/// Algorithms the heuristic proposes per gemm; each is timed once at
+/// planning and the fastest kept.
+const CANDIDATES: usize = 8;
+
 fn lerr(what: &str, e: impl std::fmt::Debug) -> String {
     format!("cublasLt: {what}: {e:?}")
 }
@@ -229,25 +233,79 @@ impl LtMatmul {
         }
         .map_err(|e| lerr("preference workspace", e))?;
         let [la, lb, lc] = [parts.layouts[0], parts.layouts[1], parts.layouts[2]];
-        // SAFETY: every descriptor is live; the heuristic query only reads them.
-        let found = unsafe { lt::get_matmul_algo_heuristic(handle, desc, la, lb, lc, lc, pref) };
-        let Ok(h) = found else {
-            return Ok(None);
+        // SAFETY: a zeroed heuristic result is a valid bit pattern (plain data).
+        let mut found: [lt_sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
+            unsafe { std::mem::zeroed() };
+        let mut count = 0i32;
+        // SAFETY: every descriptor is live; the query writes at most
+        // `CANDIDATES` results into `found` and their number into `count`.
+        let r = unsafe {
+            lt_sys::cublasLtMatmulAlgoGetHeuristic(
+                handle,
+                desc,
+                la,
+                lb,
+                lc,
+                lc,
+                pref,
+                CANDIDATES as i32,
+                found.as_mut_ptr(),
+                &mut count,
+            )
         };
-        if h.workspaceSize > workspace.1 {
+        let algos: Vec<lt_sys::cublasLtMatmulAlgo_t> = found
+            [..count.clamp(0, CANDIDATES as i32) as usize]
+            .iter()
+            .filter(|h| h.state == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+            .filter(|h| h.workspaceSize <= workspace.1)
+            .map(|h| h.algo)
+            .collect();
+        if r != lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || algos.is_empty() {
             return Ok(None);
         }
-        let m = LtMatmul {
+        let mut m = LtMatmul {
             handle,
             desc,
             layouts: [la, lb, lc],
-            algo: h.algo,
+            algo: algos[0],
             g: *g,
             workspace,
         };
         parts.desc = None;
         parts.layouts.clear();
+        if algos.len() > 1 {
+            m.algo = m.fastest(gpu, &algos)?;
+        }
         Ok(Some(m))
+    }
+
+    /// Time each candidate algorithm on the real operands (the output slot
+    /// is overwritten before any run reads it) and return the fastest; the
+    /// heuristic's first choice wins ties and whatever fails to run.
+    fn fastest(
+        &mut self,
+        gpu: &Gpu,
+        algos: &[lt_sys::cublasLtMatmulAlgo_t],
+    ) -> Result<lt_sys::cublasLtMatmulAlgo_t, String> {
+        const REPS: usize = 10;
+        let mut best = (f64::INFINITY, algos[0]);
+        for &a in algos {
+            self.algo = a;
+            if self.issue(gpu).and_then(|_| gpu.sync()).is_err() {
+                continue;
+            }
+            let t = std::time::Instant::now();
+            let mut ok = true;
+            for _ in 0..REPS {
+                ok &= self.issue(gpu).is_ok();
+            }
+            gpu.sync()?;
+            let dt = t.elapsed().as_secs_f64();
+            if ok && dt < best.0 * 0.97 {
+                best = (dt, a);
+            }
+        }
+        Ok(best.1)
     }
 
     /// Enqueue on the stream.

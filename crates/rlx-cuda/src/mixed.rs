@@ -55,8 +55,16 @@ pub(crate) fn attention_tc_kernel(
     })
 }
 
-/// Query rows per block of the tensor-core attention (4 warps x 16).
-pub(crate) const ATTENTION_TC_ROWS: usize = 64;
+/// Warps per block of the tensor-core attention (16 query rows each): one
+/// for small problems (more blocks to spread), else four. Before sm_80 the
+/// fallback needs four.
+pub(crate) fn attention_tc_warps(batch_heads: usize, sq: usize) -> usize {
+    if batch_heads * sq.div_ceil(64) >= 256 {
+        4
+    } else {
+        1
+    }
+}
 
 /// The mixed attention kernel for a problem, and its query rows per warp
 /// (the block has 4 warps). Many rows per warp share each K/V tile
@@ -86,8 +94,11 @@ pub(crate) fn attention_kernel(
     }
 }
 
-/// The CUDA C source.
-pub const SOURCE: &str = r#"
+/// Defines and device helpers (type conversion, activations, binary ops,
+/// warp and block reductions) shared with generated kernels.
+macro_rules! prelude {
+    () => {
+        r#"
 #define NEG_INF (__int_as_float(0xff800000))
 #define QNAN (__int_as_float(0x7fffffff))
 
@@ -169,8 +180,19 @@ __device__ float block_sum(float v, float* sh) {
     return warp_sum(t);
 }
 
-// Fused attention, online softmax, f32 accumulation. grid (ceil(Sq / (4 R)), Hq, B),
-// 128 threads: 4 warps x R query rows; keys in tiles of 32 (one per lane).
+"#
+    };
+}
+
+/// [`prelude!`] as a constant, for generated sources.
+pub(crate) const PRELUDE: &str = prelude!();
+
+/// The CUDA C source.
+pub const SOURCE: &str = concat!(
+    prelude!(),
+    r#"
+// Fused attention, online softmax, f32 accumulation. grid (ceil(Sq / (W R)), Hq, B),
+// W <= 4 warps x R query rows; keys in tiles of 32 (one per lane).
 // head_dim <= 32 * DPL. mkind: 0 none, 1 causal, 2 window, 3 keep f32, 4 keep u8, 5 bias.
 template <int DPL, int R>
 __device__ __forceinline__ void attention_x_body(
@@ -183,7 +205,8 @@ __device__ __forceinline__ void attention_x_body(
     __shared__ float Qs[4][R][32 * DPL];
     int b = blockIdx.z, h = blockIdx.y, hk = h / (Hq / Hkv);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int qbase = blockIdx.x * (4 * R);
+    int rows_blk = (blockDim.x >> 5) * R;
+    int qbase = blockIdx.x * rows_blk;
     for (int r = 0; r < R; ++r) {
         int i = qbase + warp * R + r;
         for (int d = lane; d < 32 * DPL; d += 32)
@@ -199,7 +222,7 @@ __device__ __forceinline__ void attention_x_body(
     int off = Sk - Sq;
     int kend = Sk, kbeg = 0;
     if (mkind == 1 || mkind == 2) {
-        int last = qbase + 4 * R - 1 < Sq - 1 ? qbase + 4 * R - 1 : Sq - 1;
+        int last = qbase + rows_blk - 1 < Sq - 1 ? qbase + rows_blk - 1 : Sq - 1;
         kend = min(Sk, last + off + 1);
         if (kend < 0) kend = 0;
     }
@@ -305,8 +328,8 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, const unsi
 // (32 or 64), f32 scores, online softmax and accumulation. Each warp owns 16
 // query rows and walks the keys 16 at a time: S = Q K^T and O += P V with
 // mma.m16n8k16 (P rounded to T). mkind: 0 none, 3 keep-mask f32, 4 keep u8.
-// grid (ceil(Sq / 64), Hq, B), 128 threads. Before sm_80 the same grid runs
-// the CUDA-core kernel with 16 rows per warp.
+// grid (ceil(Sq / (16 W)), Hq, B) with W = 1 or 4 warps per block. Before
+// sm_80 the CUDA-core kernel runs instead (16 rows per warp, 4 warps).
 template <int D, int T>
 __device__ __forceinline__ void attention_tc_body(
     const void* q, const void* k, const void* v, void* out,
@@ -319,7 +342,7 @@ __device__ __forceinline__ void attention_tc_body(
     const unsigned short* V = (const unsigned short*)v;
     int b = blockIdx.z, h = blockIdx.y, hk = h / (Hq / Hkv);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tc = lane & 3;
-    int row0 = blockIdx.x * 64 + warp * 16;
+    int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * 16;
     if (row0 >= Sq) return;
     int ra = row0 + g, rb = row0 + g + 8;
     long long qa_off = ((long long)b * Sq + ra) * qs + h * D;
@@ -488,6 +511,49 @@ __global__ void norm_rows_x(void* out, const void* x, const void* res, const voi
     int row = blockIdx.x;
     if (row >= rows) return;
     long long base = (long long)row * d;
+    if (d <= 4 * (int)blockDim.x) {
+        // One read of the row: each thread keeps its (at most 4) values.
+        float vals[4];
+        float s = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int c = threadIdx.x + i * blockDim.x;
+            float v = 0.0f;
+            if (c < d) {
+                v = ldx(x, base + c, tx);
+                if (res) v += ldx(res, base + c, tr);
+                if (bias) v += ldx(bias, c, tbias);
+            }
+            vals[i] = v;
+            s += rms ? v * v : v;
+        }
+        s = block_sum(s, sh);
+        float inv, mean = 0.0f;
+        if (rms) {
+            inv = 1.0f / sqrtf(s / (float)d + eps);
+        } else {
+            mean = s / (float)d;
+            float q = 0.0f;
+            #pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                int c = threadIdx.x + i * blockDim.x;
+                float t = vals[i] - mean;
+                if (c < d) q += t * t;
+            }
+            q = block_sum(q, sh);
+            inv = 1.0f / sqrtf(q / (float)d + eps);
+        }
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            int c = threadIdx.x + i * blockDim.x;
+            if (c < d) {
+                float y = (vals[i] - mean) * inv * ldx(gamma, c, tg);
+                if (!rms && beta) y += ldx(beta, c, tbeta);
+                stx(out, base + c, to, y);
+            }
+        }
+        return;
+    }
     float s = 0.0f;
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
         float v = ldx(x, base + c, tx);
@@ -700,7 +766,8 @@ ATTN_TC(attention_tc_d64_bf16, 64, 1)
 ATTN_TC(attention_tc_d64_f16, 64, 2)
 
 } // extern "C"
-"#;
+"#
+);
 
 #[cfg(test)]
 mod tests {

@@ -22,6 +22,11 @@ pub struct CudaPlan {
     pub transposed_weights: usize,
     /// Narrows that attention reads in place (never materialized).
     pub folded_narrows: usize,
+    /// Elementwise chains fused into one generated kernel each (hybrid
+    /// segments only), and the nodes they cover.
+    pub fused_chains: usize,
+    /// Nodes inside fused chains.
+    pub fused_nodes: usize,
 }
 
 /// Plan `graph` for CUDA as [`CudaModel::compile`](super::CudaModel::compile)
@@ -37,6 +42,13 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
         transposed += s.transposed as usize;
         folded += s.folded as usize;
     }
+    let (mut fused_chains, mut fused_nodes) = (0, 0);
+    for c in core.chains.iter().flat_map(|m| m.values()) {
+        if let crate::fuse::Fusion::Root(ch) = c {
+            fused_chains += 1;
+            fused_nodes += ch.nodes.len();
+        }
+    }
     Ok(CudaPlan {
         report: core.report.clone(),
         memory: MemoryStats {
@@ -47,5 +59,7 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
         half_tensors: core.store.half_nodes(),
         transposed_weights: transposed,
         folded_narrows: folded,
+        fused_chains,
+        fused_nodes,
     })
 }

@@ -1,0 +1,205 @@
+//! Elementwise chains inside compiled segments, each fused into one
+//! generated NVRTC kernel.
+//!
+//! A chain is a connected run of `Binary` / `Activation` nodes where every
+//! node but the last (the root) has exactly one user, the next node of the
+//! chain, and is not a segment output. Every chain node and every leaf (an
+//! input from outside the chain) broadcasts to its user as a trailing
+//! block, so element `i` of the root reads leaf element `i % numel`, and a
+//! smaller interior value is recomputed per element (it is cheap). The root's kernel computes the whole chain per element in
+//! registers (f32, loads and stores in any storage type); the other chain
+//! nodes launch nothing. Only segments fuse: a thunk is one op by
+//! definition.
+
+use crate::lower::{act_code, bin_code, is_suffix};
+use rlx_ir::{DType, Graph, Node, NodeId, Op};
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write;
+use std::sync::Arc;
+
+/// One generated kernel.
+#[derive(Debug)]
+pub(crate) struct Chain {
+    /// Chain nodes in topological order (the root last).
+    pub nodes: Vec<NodeId>,
+    /// Inputs from outside the chain, in kernel argument order.
+    pub leaves: Vec<NodeId>,
+    /// Entry point name (derived from the source, so equal chains share it).
+    pub name: Arc<str>,
+    /// Complete CUDA C source (the mixed-precision helpers included).
+    pub source: Arc<str>,
+}
+
+/// What a node does under fusion.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Fusion {
+    /// Not part of a fused chain.
+    #[default]
+    None,
+    /// Computed inside its root's kernel: no launch of its own.
+    Interior,
+    /// Launches the chain's kernel.
+    Root(Arc<Chain>),
+}
+
+fn fusable(g: &Graph, n: &Node) -> bool {
+    matches!(n.op, Op::Binary(_) | Op::Activation(_))
+        && n.shape.dtype == DType::F32
+        && n.shape.numel() > 0
+        && n.inputs.iter().all(|&i| {
+            let s = &g.node(i).shape;
+            s.dtype == DType::F32 && s.rank() <= n.shape.rank() && is_suffix(&s.dims, &n.shape.dims)
+        })
+}
+
+/// The chains of a segment's sub-graph (roots and interiors by node id).
+pub(crate) fn find_chains(g: &Graph) -> HashMap<NodeId, Fusion> {
+    let outputs: HashSet<NodeId> = g.outputs.iter().copied().collect();
+    let absorbed = |n: &Node| -> bool {
+        if !fusable(g, n) || outputs.contains(&n.id) {
+            return false;
+        }
+        let users = g.users(n.id);
+        users.len() == 1 && {
+            let u = g.node(users[0]);
+            fusable(g, u) && is_suffix(&n.shape.dims, &u.shape.dims)
+        }
+    };
+    let inner: HashSet<NodeId> = g
+        .nodes()
+        .iter()
+        .filter(|n| absorbed(n))
+        .map(|n| n.id)
+        .collect();
+    let mut out = HashMap::new();
+    for root in g.nodes() {
+        if inner.contains(&root.id)
+            || !fusable(g, root)
+            || !root.inputs.iter().any(|i| inner.contains(i))
+        {
+            continue;
+        }
+        let mut nodes = vec![root.id];
+        let mut stack = vec![root.id];
+        while let Some(x) = stack.pop() {
+            for &i in &g.node(x).inputs {
+                if inner.contains(&i) && !nodes.contains(&i) {
+                    nodes.push(i);
+                    stack.push(i);
+                }
+            }
+        }
+        nodes.sort();
+        let mut leaves = Vec::new();
+        for &x in &nodes {
+            for &i in &g.node(x).inputs {
+                if !nodes.contains(&i) && !leaves.contains(&i) {
+                    leaves.push(i);
+                }
+            }
+        }
+        let chain = Arc::new(generate(g, nodes, leaves));
+        for &x in &chain.nodes {
+            out.insert(x, Fusion::Interior);
+        }
+        out.insert(root.id, Fusion::Root(chain));
+    }
+    out
+}
+
+/// FNV-1a, for stable kernel names.
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn generate(g: &Graph, nodes: Vec<NodeId>, leaves: Vec<NodeId>) -> Chain {
+    let var = |id: NodeId| -> String {
+        match leaves.iter().position(|&l| l == id) {
+            Some(k) => format!("l{k}"),
+            None => format!("v{}", id.0),
+        }
+    };
+    let mut params = String::from("void* out, long long n, int to");
+    let mut body = String::new();
+    for k in 0..leaves.len() {
+        let _ = write!(params, ", const void* a{k}, long long n{k}, int t{k}");
+        let _ = writeln!(body, "        float l{k} = ldx(a{k}, i % n{k}, t{k});");
+    }
+    for &x in &nodes {
+        let n = g.node(x);
+        let expr = match &n.op {
+            Op::Binary(b) => format!(
+                "bin_apply({}, {}, {})",
+                bin_code(*b),
+                var(n.inputs[0]),
+                var(n.inputs[1])
+            ),
+            Op::Activation(a) => format!("act_apply({}, {})", act_code(Some(*a)), var(n.inputs[0])),
+            _ => unreachable!("only fusable ops enter a chain"),
+        };
+        let _ = writeln!(body, "        float v{} = {expr};", x.0);
+    }
+    let root = *nodes.last().expect("a chain has a root");
+    let _ = writeln!(body, "        stx(out, i, to, v{});", root.0);
+    let kernel = |name: &str| {
+        format!(
+            "extern \"C\" __global__ void {name}({params}) {{\n    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n    long long stride = (long long)gridDim.x * blockDim.x;\n    for (; i < n; i += stride) {{\n{body}    }}\n}}\n"
+        )
+    };
+    let name = format!("rlx_fused_{:016x}", fnv(&kernel("K")));
+    let source = format!("{}{}", crate::mixed::PRELUDE, kernel(&name));
+    Chain {
+        nodes,
+        leaves,
+        name: name.into(),
+        source: source.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlx_ir::op::{Activation, BinaryOp};
+    use rlx_ir::Shape;
+
+    #[test]
+    fn a_single_user_chain_fuses_and_a_shared_value_does_not() {
+        let mut g = Graph::new("chain");
+        let x = g.input("x", Shape::f32(&[2, 8]));
+        let b = g.input("b", Shape::f32(&[8]));
+        let s = g.push(Op::Activation(Activation::Sqrt), vec![x]).unwrap();
+        let m = g.push(Op::Binary(BinaryOp::Max), vec![s, b]).unwrap();
+        let d = g.push(Op::Binary(BinaryOp::Div), vec![x, m]).unwrap();
+        // `d` has two users: it ends a chain and starts none.
+        let e = g.push(Op::Activation(Activation::Exp), vec![d]).unwrap();
+        let f = g.push(Op::Binary(BinaryOp::Mul), vec![d, d]).unwrap();
+        g.set_outputs(vec![e, f]);
+        let c = find_chains(&g);
+        let Some(Fusion::Root(chain)) = c.get(&d) else {
+            panic!("d should root a chain: {c:?}");
+        };
+        assert_eq!(chain.nodes, vec![s, m, d]);
+        assert_eq!(chain.leaves, vec![x, b]);
+        assert!(matches!(c.get(&s), Some(Fusion::Interior)));
+        assert!(!c.contains_key(&e) && !c.contains_key(&f));
+        assert!(chain.source.contains(&*chain.name));
+        assert!(
+            chain.source.contains("bin_apply(3, l0, v"),
+            "{}",
+            chain.source
+        );
+        // The generated source compiles where libnvrtc can be loaded.
+        // SAFETY: only tries to open the shared library.
+        if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            let opts = cudarc::nvrtc::CompileOptions {
+                options: vec!["--gpu-architecture=compute_90".into()],
+                ..Default::default()
+            };
+            if let Err(e) = cudarc::nvrtc::compile_ptx_with_opts(&*chain.source, opts) {
+                panic!("{e:?}\n{}", chain.source);
+            }
+        }
+    }
+}
