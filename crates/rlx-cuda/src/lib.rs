@@ -4,14 +4,20 @@
 //!   planned step-aware by `rlx_runtime::memory::plan_memory`; weights
 //!   uploaded once (param-only subgraphs, such as the optimizer's QKV weight
 //!   concat, run once on the host through `rlx_cpu` and are uploaded as
-//!   params); kernels written in CUDA C and compiled by NVRTC once per
-//!   process and compute capability; matmuls through cuBLAS sgemm with a
-//!   bias/activation epilogue kernel.
+//!   params, converted to the storage plan: matmul weights `[out, in]`,
+//!   16-bit in a half [`Precision`]); kernels written in CUDA C and compiled
+//!   by NVRTC once per process and compute capability (f32 and
+//!   mixed-precision variants, tensor-core attention); matmuls through
+//!   cuBLASLt with bias / ReLU / GELU epilogues and timed algorithms.
 //! - Thunks mode: one launch (kernel, gemm or copy) per op.
 //! - Hybrid mode: [`CudaSegmentCompiler`] lowers each segment of the plan;
 //!   at the first run its launches are captured into a CUDA graph that
 //!   replays as one dispatch. Boundary tensors are arena slots at fixed
-//!   addresses; segment-internal tensors live in a shared scratch buffer.
+//!   addresses; segment-internal tensors live in a shared scratch buffer;
+//!   elementwise chains inside a segment run as one generated kernel.
+//! - [`CudaModel::set_graph`]: another shape bucket of the same model
+//!   (weights kept, graphs captured again); [`plan`]: the plan without a
+//!   device.
 //!
 //! cudarc loads the CUDA libraries at run time, so the crate builds without
 //! a CUDA toolkit; [`cuda_available`] says whether a device can be used.
