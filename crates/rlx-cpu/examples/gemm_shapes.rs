@@ -17,14 +17,14 @@ fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(15);
-    let peak = rlx_cpu::peak::measure_gemm_peak(300);
+    let peak = rlx_cpu::peak::measure_fma_peak(300);
     println!(
-        "measured peak {peak:.1} GFLOP/s on {} threads",
+        "measured FMA peak {peak:.1} GFLOP/s on {} threads",
         rayon::current_num_threads()
     );
     println!(
-        "{:>5} {:>5} {:>5} | {:>9} {:>9} | {:>6}",
-        "m", "k", "n", "gemm GF/s", "packed GF/s", "ratio"
+        "{:>5} {:>5} {:>5} | {:>9} {:>9} {:>9} | {:>6}",
+        "m", "k", "n", "gemm GF/s", "packed", "+gelu", "ratio"
     );
     for &(m, k, n) in &[
         (16, 384, 1152),
@@ -47,7 +47,7 @@ fn main() {
         let mut c = vec![0f32; m * n];
         let flops = 2.0 * (m * k * n) as f64;
         let reps = ((2e8 / flops) as usize).max(1);
-        let (mut t_gemm, mut t_packed) = (Vec::new(), Vec::new());
+        let (mut t_gemm, mut t_packed, mut t_gelu) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
             let t0 = Instant::now();
             for _ in 0..reps {
@@ -60,12 +60,19 @@ fn main() {
                 gemm_packed(m, &a, k, &packed, &mut c, n, Some(&bias), None, true).unwrap();
             }
             t_packed.push(t0.elapsed().as_secs_f64() / reps as f64);
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                let act = Some(rlx_ir::Activation::Gelu);
+                gemm_packed(m, &a, k, &packed, &mut c, n, Some(&bias), act, true).unwrap();
+            }
+            t_gelu.push(t0.elapsed().as_secs_f64() / reps as f64);
         }
-        let (g, p) = (median(t_gemm), median(t_packed));
+        let (g, p, e) = (median(t_gemm), median(t_packed), median(t_gelu));
         println!(
-            "{m:>5} {k:>5} {n:>5} | {:>9.1} {:>9.1} | {:>6.2}",
+            "{m:>5} {k:>5} {n:>5} | {:>9.1} {:>9.1} {:>9.1} | {:>6.2}",
             flops / g / 1e9,
             flops / p / 1e9,
+            flops / e / 1e9,
             p / g
         );
     }

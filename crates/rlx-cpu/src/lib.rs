@@ -14,4 +14,4 @@ pub mod peak;
 
 pub use executor::{CpuModel, CpuOptions, ProfileEntry};
 pub use fused::{FusedCompiler, FusedPlan};
-pub use peak::measure_gemm_peak;
+pub use peak::{measure_fma_peak, measure_gemm_peak};

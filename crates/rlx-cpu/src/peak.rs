@@ -1,18 +1,47 @@
 //! Measuring what the machine can do, instead of assuming it.
 
-use crate::kernels::matmul::gemm;
+use crate::kernels::fma_peak::fma_loop;
+use crate::kernels::packed_gemm::{gemm_packed, PackedB};
 use rayon::prelude::*;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-/// GFLOP/s of an in-cache f32 GEMM (256 x 256 x 256, repeated) running on
-/// every thread of the current rayon pool at once: the practical FMA peak
-/// that profiles report against. Takes about `millis` milliseconds.
+/// GFLOP/s of a register-only FMA loop (AVX2+FMA when present) running on
+/// every thread of the current rayon pool at once: the machine's FMA peak,
+/// the ceiling profiles report against. Takes about `millis` milliseconds.
+pub fn measure_fma_peak(millis: u64) -> f64 {
+    let threads = rayon::current_num_threads().max(1);
+    let deadline = Duration::from_millis(millis.max(10));
+    let t0 = Instant::now();
+    let (flops, sink): (u64, f32) = (0..threads)
+        .into_par_iter()
+        .map(|_| {
+            let (mut flops, mut sink) = (0u64, 0f32);
+            while t0.elapsed() < deadline {
+                let (f, s) = fma_loop(100_000);
+                flops += f;
+                sink += s;
+            }
+            (flops, sink)
+        })
+        .reduce(|| (0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let secs = t0.elapsed().as_secs_f64();
+    std::hint::black_box(sink);
+    flops as f64 / secs / 1e9
+}
+
+/// GFLOP/s of rlx's packed GEMM on an in-cache problem (256 x 256 x 256,
+/// weights packed once) running on every thread of the current rayon pool
+/// at once: the best the matmul kernel reaches on this machine. Takes about
+/// `millis` milliseconds.
 pub fn measure_gemm_peak(millis: u64) -> f64 {
     const N: usize = 256;
     let threads = rayon::current_num_threads().max(1);
     let a = vec![0.5f32; N * N];
-    let b = vec![0.25f32; N * N];
-    let deadline = std::time::Duration::from_millis(millis.max(10));
+    let b = match PackedB::pack(&vec![0.25f32; N * N], N, N, N) {
+        Ok(b) => b,
+        Err(_) => return 0.0,
+    };
+    let deadline = Duration::from_millis(millis.max(10));
     let t0 = Instant::now();
     let reps: usize = (0..threads)
         .into_par_iter()
@@ -20,7 +49,7 @@ pub fn measure_gemm_peak(millis: u64) -> f64 {
             let mut c = vec![0f32; N * N];
             let mut n = 0;
             while t0.elapsed() < deadline {
-                if gemm(N, N, N, &a, N, &b, N, &mut c, N, false, false).is_err() {
+                if gemm_packed(N, &a, N, &b, &mut c, N, None, None, false).is_err() {
                     break;
                 }
                 n += 1;
@@ -30,4 +59,19 @@ pub fn measure_gemm_peak(millis: u64) -> f64 {
         .sum();
     let secs = t0.elapsed().as_secs_f64();
     reps as f64 * 2.0 * (N * N * N) as f64 / secs / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fma_peak_bounds_the_gemm_peak() {
+        let fma = measure_fma_peak(50);
+        let gemm = measure_gemm_peak(50);
+        assert!(fma > 0.0 && gemm > 0.0, "fma {fma} gemm {gemm}");
+        // A GEMM that streams memory cannot beat a loop that never leaves
+        // registers (allow noise from a shared machine).
+        assert!(gemm < fma * 1.3, "gemm {gemm} vs fma {fma} GFLOP/s");
+    }
 }

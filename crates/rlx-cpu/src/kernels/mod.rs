@@ -9,6 +9,7 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod fma_peak;
 pub mod matmul;
 pub mod movement;
 pub mod norm;
