@@ -533,7 +533,11 @@ impl FusedPlan {
         // Few rows: one chunk, and the kernels (GEMM) parallelize inside it.
         // Many rows: chunks of up to MAX_CHUNK_ROWS spread over the threads,
         // every op of the segment running on a chunk while it is in cache.
-        let chunk_rows = if rows < SPLIT_MIN_ROWS {
+        let split_min: usize = std::env::var("RLX_SPLIT_MIN_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(SPLIT_MIN_ROWS);
+        let chunk_rows = if rows < split_min {
             rows.max(1)
         } else {
             rows.div_ceil(threads).clamp(1, MAX_CHUNK_ROWS)
@@ -770,10 +774,7 @@ fn run_fop(
                 .flatten()
                 .filter(|p| p.k() == k && p.n() == n);
             if let Some(pb) = pb {
-                let b = match bias {
-                    Some(bv) => Some(rowf(&bv, ins, bufs, r0, 0)?.to_vec()),
-                    None => None,
-                };
+                let b = bias.map(|bv| rowf(&bv, ins, bufs, r0, 0)).transpose()?;
                 let (nrows, lda) = if lda == 0 { (1, k) } else { (nr, lda) };
                 gemm_packed(
                     nrows,
@@ -782,7 +783,7 @@ fn run_fop(
                     pb,
                     &mut o,
                     n,
-                    b.as_deref(),
+                    b,
                     act,
                     parallel,
                 )

@@ -179,6 +179,9 @@ simd_dispatch! {
             AttnMask::Bias { data, dims } => Some((data, bias_strides(dims))),
             _ => None,
         };
+        // No mask operand (callers pass `None` when every key of the window
+        // is kept), no softcap, positive scale: the single-pass form below.
+        let plain = matches!(mask, AttnMask::None) && p.softcap.is_none() && p.scale > 0.0;
         for (r, row) in scores.chunks_exact_mut(nk).enumerate() {
             let i = i0 + r;
             let (lo, hi) = key_range(p.mask_kind, i, sq, sk);
@@ -192,6 +195,23 @@ simd_dispatch! {
             row[..l].fill(0.0);
             row[u..].fill(0.0);
             let sc = &mut row[l..u];
+            if plain {
+                // max(scale * s) = scale * max(s) for scale > 0, and the
+                // scale folds into the exponent's FMA: one pass fewer.
+                let m = simd::max_slice(sc);
+                if m == f32::NEG_INFINITY || m.is_nan() {
+                    // -inf only from -inf scores; NaN must propagate as the
+                    // general path does.
+                } else {
+                    let ms = m * p.scale;
+                    for s in sc.iter_mut() {
+                        *s = simd::exp_m::<M>(M::fma(*s, p.scale, -ms));
+                    }
+                    let total = simd::sum(sc);
+                    scale_slice(sc, 1.0 / total);
+                    continue;
+                }
+            }
             for s in sc.iter_mut() {
                 *s *= p.scale;
             }
@@ -242,6 +262,17 @@ simd_dispatch! {
     }
 }
 
+/// The mask to apply over keep-mask elements `j0..j1`: `None` when a
+/// keep-mask keeps all of them (the common unpadded batch), which lets
+/// `probs_rows` skip the mask and use its single-pass softmax.
+fn window_mask<'a>(mask: &AttnMask<'a>, j0: usize, j1: usize) -> AttnMask<'a> {
+    match *mask {
+        AttnMask::KeepF32(m) if m[j0..j1].iter().all(|&x| x != 0.0) => AttnMask::None,
+        AttnMask::KeepU8(m) if m[j0..j1].iter().all(|&x| x != 0) => AttnMask::None,
+        other => other,
+    }
+}
+
 /// Query rows `i0..i0+rows` of batch `b`, all heads, into `out` (which
 /// starts at that block's first row). Scores come from one gemm per head
 /// over the block's visible key range, probabilities times V from another,
@@ -274,6 +305,7 @@ fn attend_block(
         AttnMask::KeepU8(m) => khi = last_kept(&|j| m[b * sk + j] != 0),
         _ => {}
     }
+    let mask = &window_mask(mask, b * sk + klo, b * sk + khi.max(klo));
     if klo >= khi {
         for r in 0..rows {
             for h in 0..p.num_heads {
@@ -388,6 +420,7 @@ unsafe fn attend_head_packed(
         AttnMask::KeepU8(m) => khi = last_kept(&|j| m[b * sk + j] != 0),
         _ => {}
     }
+    let mask = &window_mask(mask, b * sk + klo, b * sk + khi.max(klo));
     HEAD_SCRATCH.with(|cell| {
         let s = &mut *cell.borrow_mut();
         s.out.clear();
