@@ -12,8 +12,8 @@
    each sentence alone and all 12 as one padded batch) within 1e-4, and prints
    the max error. The benchmark refuses to time a graph that fails the check.
 3. Times ORT (intra_op_num_threads=2, inter_op_num_threads=1,
-   ORT_ENABLE_ALL) and the rlx CLI (`rlx bench ... --json`, modes thunks and
-   hybrid, 2 threads) at 1x16, 1x128, 8x128 and 32x128, interleaving rlx and
+   ORT_ENABLE_ALL) and the rlx CLI (`rlx bench ... --json`, modes thunks,
+   hybrid and hybrid with `--f16-weights`, 2 threads) at 1x16, 1x128, 8x128 and 32x128, interleaving rlx and
    ORT rounds per shape so machine noise hits both. Reports medians.
 4. Writes bench/results/minilm_cpu.{json,md,png}.
 
@@ -45,7 +45,12 @@ from safetensors.numpy import load_file
 REPO = Path(__file__).resolve().parent.parent
 REF_JSON = REPO / "crates" / "rlx-models" / "tests" / "data" / "minilm_embeddings.json"
 SHAPES = [(1, 16), (1, 128), (8, 128), (32, 128)]
-MODES = ["thunks", "hybrid"]
+MODES = ["thunks", "hybrid", "hybrid-f16w"]
+# `rlx bench` flags per mode: hybrid-f16w is hybrid with the opt-in f16
+# weight storage (`--f16-weights`: embeddings within 1e-4 of the fp32
+# reference, see crates/rlx-models/tests/minilm_parity.rs).
+MODE_FLAGS = {"thunks": ["--mode", "thunks"], "hybrid": ["--mode", "hybrid"],
+              "hybrid-f16w": ["--mode", "hybrid", "--f16-weights"]}
 TOL = 1e-4
 
 HIDDEN = 384
@@ -281,7 +286,7 @@ class RlxRunner:
         if mode in self.broken:
             return None
         cmd = [str(self.binary), "bench", "--model", str(self.model_dir), "--batch", str(batch), "--seq", str(seq),
-               "--mode", mode, "--iters", str(iters), "--warmup", str(warmup), "--threads", str(self.threads), "--json"]
+               *MODE_FLAGS[mode], "--iters", str(iters), "--warmup", str(warmup), "--threads", str(self.threads), "--json"]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -461,15 +466,16 @@ def plot(result: dict, path: Path) -> None:
 
     shapes = list(dict.fromkeys(r["shape"] for r in result["rows"]))
     x = np.arange(len(shapes))
-    series = {"ONNX Runtime": [], "rlx thunks": [], "rlx hybrid": []}
+    series = {"ONNX Runtime": [], "rlx thunks": [], "rlx hybrid": [], "rlx hybrid, f16 weights": []}
     for s in shapes:
         rs = {r["mode"]: r for r in result["rows"] if r["shape"] == s}
         series["ONNX Runtime"].append(next(iter(rs.values()))["ort_ms"])
         series["rlx thunks"].append(rs.get("thunks", {}).get("rlx_ms"))
         series["rlx hybrid"].append(rs.get("hybrid", {}).get("rlx_ms"))
+        series["rlx hybrid, f16 weights"].append(rs.get("hybrid-f16w", {}).get("rlx_ms"))
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     styles = {"ONNX Runtime": ("tab:gray", "s", "-"), "rlx thunks": ("tab:blue", "o", "--"),
-              "rlx hybrid": ("tab:orange", "^", "-")}
+              "rlx hybrid": ("tab:orange", "^", "-"), "rlx hybrid, f16 weights": ("tab:green", "v", ":")}
     for name, vals in series.items():
         color, marker, ls = styles[name]
         present = [(xi, v) for xi, v in zip(x, vals) if v is not None]

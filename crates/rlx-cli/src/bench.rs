@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// activations, f32 accumulation).
     #[arg(long, default_value = "f32")]
     precision: rlx::Precision,
+    /// CPU: store matmul weights as f16 (half the weight bytes; products
+    /// accumulate in f32).
+    #[arg(long)]
+    f16_weights: bool,
 }
 
 /// Run `rlx bench`.
@@ -54,6 +58,9 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let hybrid = a.mode == Mode::Hybrid;
     let (cfg, _, dir) = resolve_config(&a.model)?;
     let (b, s) = (a.batch, a.seq);
+    if a.device == DeviceArg::Cuda && a.f16_weights {
+        return Err("--f16-weights is a CPU option (on CUDA use --precision f16)".into());
+    }
     if a.device == DeviceArg::Cuda {
         #[cfg(feature = "cuda")]
         return cuda::run(&a, &cfg, dir.as_deref());
@@ -76,6 +83,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 &CpuOptions {
                     hybrid,
                     threads: a.threads,
+                    f16_weights: a.f16_weights,
                     ..Default::default()
                 },
             )
@@ -97,6 +105,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                     hybrid,
                     threads: a.threads,
                     optimize: true,
+                    f16_weights: a.f16_weights,
                 },
             )
             .map_err(|e| e.to_string())?;
@@ -302,6 +311,7 @@ mod cuda {
                     hybrid: false,
                     threads: None,
                     optimize: false,
+                    f16_weights: false,
                 };
                 let mut emb = SentenceEmbedder::load_with(dir, opts).map_err(|e| e.to_string())?;
                 let cpu = emb.model_for(1, 1, false).map_err(|e| e.to_string())?;

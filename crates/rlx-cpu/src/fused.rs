@@ -533,11 +533,7 @@ impl FusedPlan {
         // Few rows: one chunk, and the kernels (GEMM) parallelize inside it.
         // Many rows: chunks of up to MAX_CHUNK_ROWS spread over the threads,
         // every op of the segment running on a chunk while it is in cache.
-        let split_min: usize = std::env::var("RLX_SPLIT_MIN_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(SPLIT_MIN_ROWS);
-        let chunk_rows = if rows < split_min {
+        let chunk_rows = if rows < SPLIT_MIN_ROWS {
             rows.max(1)
         } else {
             rows.div_ceil(threads).clamp(1, MAX_CHUNK_ROWS)
@@ -776,18 +772,8 @@ fn run_fop(
             if let Some(pb) = pb {
                 let b = bias.map(|bv| rowf(&bv, ins, bufs, r0, 0)).transpose()?;
                 let (nrows, lda) = if lda == 0 { (1, k) } else { (nr, lda) };
-                gemm_packed(
-                    nrows,
-                    &adata[off..],
-                    lda,
-                    pb,
-                    &mut o,
-                    n,
-                    b,
-                    act,
-                    parallel,
-                )
-                .map_err(|e| e.to_string())?;
+                gemm_packed(nrows, &adata[off..], lda, pb, &mut o, n, b, act, parallel)
+                    .map_err(|e| e.to_string())?;
                 for r in nrows..nr {
                     o.copy_within(0..n, r * n);
                 }

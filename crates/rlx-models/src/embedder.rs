@@ -65,6 +65,10 @@ pub struct EmbedOptions {
     pub threads: Option<usize>,
     /// Apply the graph optimizer (fusion passes).
     pub optimize: bool,
+    /// CPU: store matmul weights as f16 (see `CpuOptions::f16_weights`);
+    /// faster where weight bytes dominate (short inputs), embeddings within
+    /// ~1e-4 of the f32 ones.
+    pub f16_weights: bool,
 }
 
 impl Default for EmbedOptions {
@@ -73,6 +77,7 @@ impl Default for EmbedOptions {
             hybrid: true,
             threads: None,
             optimize: true,
+            f16_weights: false,
         }
     }
 }
@@ -279,6 +284,7 @@ impl SentenceEmbedder {
                 &CpuOptions {
                     hybrid: self.opts.hybrid,
                     threads: self.opts.threads,
+                    f16_weights: self.opts.f16_weights,
                     ..Default::default()
                 },
             )?;

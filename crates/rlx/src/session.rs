@@ -68,6 +68,7 @@ pub struct Session {
     threads: Option<usize>,
     poison: bool,
     precision: Precision,
+    f16_weights: bool,
 }
 
 impl Session {
@@ -82,6 +83,7 @@ impl Session {
             threads: None,
             poison: false,
             precision: Precision::F32,
+            f16_weights: false,
         }
     }
 
@@ -114,6 +116,15 @@ impl Session {
         self
     }
 
+    /// CPU only: keep the packed copies of matmul weights in f16 (half
+    /// the bytes streamed per run; products accumulate in f32). Inputs,
+    /// activations and outputs stay f32. Compiling for CUDA with this set
+    /// is an [`Error::Device`] (use [`Session::precision`] there).
+    pub fn f16_weights(mut self, on: bool) -> Self {
+        self.f16_weights = on;
+        self
+    }
+
     /// Poison arena memory as soon as it is freed (a testing aid).
     pub fn poison_freed(mut self, on: bool) -> Self {
         self.poison = on;
@@ -137,8 +148,15 @@ impl Session {
                     policy: self.policy.clone().unwrap_or_default(),
                     threads: self.threads,
                     poison_freed: self.poison,
+                    f16_weights: self.f16_weights,
                 },
             )?),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(i) if self.f16_weights => {
+                return Err(Error::Device(format!(
+                    "cuda:{i}: f16_weights is a CPU option (use precision(Precision::F16))"
+                )))
+            }
             #[cfg(feature = "cuda")]
             Device::Cuda(i) => {
                 rlx_cuda::cuda_available().map_err(|e| Error::Device(format!("cuda:{i}: {e}")))?;

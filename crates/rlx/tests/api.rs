@@ -220,3 +220,51 @@ fn invalid_graph_is_an_error_naming_the_node() {
         .to_string()
         .contains("%9"));
 }
+
+/// `Session::f16_weights`: a matmul multiplies the weights rounded to f16
+/// (checked against f64 products of the rounded values), in both modes,
+/// and differs from the f32 result where rounding changes the weights.
+#[test]
+fn f16_weights_multiply_rounded_weights() {
+    let (m, k, n) = (5usize, 40usize, 24usize);
+    let mut g = Graph::new("mm");
+    let x = g.input("x", Shape::new(&[m, k], DType::F32));
+    let w = g.param("w", Shape::new(&[k, n], DType::F32));
+    let y = g.matmul(x, w, Shape::new(&[m, n], DType::F32));
+    g.set_outputs(vec![y]);
+    let xv: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0)
+        .collect();
+    let wv: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 11 % 17) as f32 - 8.0) / 3.3)
+        .collect();
+    let w16: Vec<f64> = wv
+        .iter()
+        .map(|&v| half::f16::from_f32(v).to_f32() as f64)
+        .collect();
+    let mut differs = false;
+    for mode in [ExecMode::Thunks, ExecMode::Hybrid] {
+        let run = |f16: bool| {
+            let mut model = Session::new(Device::Cpu)
+                .mode(mode)
+                .f16_weights(f16)
+                .compile(g.clone())
+                .unwrap();
+            model.set_param("w", &wv).unwrap();
+            model.run(&[("x", &xv)]).unwrap().remove(0)
+        };
+        let (full, half) = (run(false), run(true));
+        for i in 0..m {
+            for j in 0..n {
+                let want: f64 = (0..k).map(|p| xv[i * k + p] as f64 * w16[p * n + j]).sum();
+                let got = half[i * n + j] as f64;
+                assert!(
+                    (got - want).abs() < 1e-4,
+                    "{mode:?} ({i},{j}): {got} vs {want}"
+                );
+                differs |= half[i * n + j] != full[i * n + j];
+            }
+        }
+    }
+    assert!(differs, "f16 weights gave exactly the f32 result");
+}

@@ -101,6 +101,7 @@ fn minilm_half_precisions_match_pytorch_on_cuda() {
         hybrid: false,
         threads: None,
         optimize: false,
+        f16_weights: false,
     };
     let mut emb = SentenceEmbedder::load_with(&dir, opts).unwrap();
     let cfg = emb.config().clone();

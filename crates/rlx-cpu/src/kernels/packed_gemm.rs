@@ -43,14 +43,22 @@ const PAR_MIN_MACS: usize = 1 << 17;
 #[repr(C, align(64))]
 struct PanelRow([f32; NR]);
 
+/// One panel row stored as 16 IEEE half floats (bit patterns), aligned to
+/// half a cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct PanelRowF16([u16; NR]);
+
 /// A `[k, n]` right-hand side packed for [`gemm_packed`].
 #[derive(Clone)]
 pub struct PackedB {
     k: usize,
     n: usize,
     /// `rows[panel * k + p]` holds `B[p, panel * 16 .. panel * 16 + 16]`,
-    /// zero past column `n`.
+    /// zero past column `n`. Empty when the packing is f16.
     rows: Vec<PanelRow>,
+    /// The same layout in f16 (see [`PackedB::to_f16`]); empty for f32.
+    half: Vec<PanelRowF16>,
 }
 
 impl std::fmt::Debug for PackedB {
@@ -65,11 +73,7 @@ impl PackedB {
         if ldb < n {
             return Err(bad_shape(OP, format!("B row stride {ldb} < n {n}")));
         }
-        let mut packed = PackedB {
-            k: 0,
-            n: 0,
-            rows: Vec::new(),
-        };
+        let mut packed = PackedB::empty();
         packed.repack_strided(b, k, n, ldb, 1)?;
         Ok(packed)
     }
@@ -95,6 +99,7 @@ impl PackedB {
         let panels = n.div_ceil(NR);
         self.k = k;
         self.n = n;
+        self.half.clear();
         self.rows.clear();
         self.rows.resize(panels * k, PanelRow([0.0; NR]));
         for panel in 0..panels {
@@ -120,7 +125,34 @@ impl PackedB {
             k: 0,
             n: 0,
             rows: Vec::new(),
+            half: Vec::new(),
         }
+    }
+
+    /// The same matrix with every element rounded to IEEE f16 (round to
+    /// nearest even; magnitudes beyond 65504 become infinite). Half the
+    /// bytes: the micro-kernel widens each panel row back to f32 as it
+    /// loads it, so products still accumulate in f32.
+    pub fn to_f16(&self) -> PackedB {
+        if self.is_f16() {
+            return self.clone();
+        }
+        let half = self
+            .rows
+            .iter()
+            .map(|r| PanelRowF16(r.0.map(|x| half::f16::from_f32(x).to_bits())))
+            .collect();
+        PackedB {
+            k: self.k,
+            n: self.n,
+            rows: Vec::new(),
+            half,
+        }
+    }
+
+    /// Whether the panels are stored as f16.
+    pub fn is_f16(&self) -> bool {
+        !self.half.is_empty()
     }
 
     /// Rows of B (the shared dimension).
@@ -136,11 +168,25 @@ impl PackedB {
     /// Bytes held by the packed copy.
     pub fn bytes(&self) -> usize {
         self.rows.len() * std::mem::size_of::<PanelRow>()
+            + self.half.len() * std::mem::size_of::<PanelRowF16>()
     }
 
-    fn panel(&self, panel: usize) -> &[PanelRow] {
-        &self.rows[panel * self.k..(panel + 1) * self.k]
+    /// Rows `p0..p0 + len` of one panel (f32 or f16 storage).
+    fn panel_rows(&self, panel: usize, p0: usize, len: usize) -> Panel<'_> {
+        let at = panel * self.k + p0;
+        if self.is_f16() {
+            Panel::F16(&self.half[at..at + len])
+        } else {
+            Panel::F32(&self.rows[at..at + len])
+        }
     }
+}
+
+/// A slice of one panel's rows, in its storage type.
+#[derive(Clone, Copy)]
+enum Panel<'a> {
+    F32(&'a [PanelRow]),
+    F16(&'a [PanelRowF16]),
 }
 
 /// Which micro-kernel runs: chosen from the CPU at run time, or forced (tests).
@@ -227,6 +273,7 @@ pub fn gemm_packed_with(
         bias,
         act,
         avx2,
+        f16c: avx2 && has_f16c(),
     };
     let run = |t: usize| {
         let ((r0, r1), (p0, p1)) = part.task(t);
@@ -269,7 +316,7 @@ impl Partition {
         let mut groups = panels.div_ceil(PANELS_PER_TASK).max(1);
         if threads > 1 {
             groups = groups.max((threads * TASKS_PER_THREAD).div_ceil(row_blocks));
-            while (row_blocks * groups) % threads != 0 && groups < panels {
+            while !(row_blocks * groups).is_multiple_of(threads) && groups < panels {
                 groups += 1;
             }
             groups = groups.min(panels.max(1));
@@ -347,6 +394,7 @@ pub fn gemm_packed_window(
         bias: None,
         act: None,
         avx2: has_avx2_fma(),
+        f16c: has_avx2_fma() && has_f16c(),
     };
     // SAFETY: one task covering all of C, whose extent is checked above and
     // which the `&mut` borrow makes exclusive.
@@ -379,6 +427,8 @@ struct Job<'a> {
     bias: Option<&'a [f32]>,
     act: Option<Activation>,
     avx2: bool,
+    /// F16C present (for f16 panels).
+    f16c: bool,
 }
 
 impl Job<'_> {
@@ -410,8 +460,7 @@ impl Job<'_> {
             let kc = step.min(k - pc);
             let first = pc == 0;
             for panel in p0..p1 {
-                let bp = self.b.panel(self.pan0 + panel)[self.k0 + pc..self.k0 + pc + kc].as_ptr()
-                    as *const f32;
+                let bp = self.b.panel_rows(self.pan0 + panel, self.k0 + pc, kc);
                 let cols = NR.min(self.n - panel * NR);
                 let mut r = r0;
                 while r < r1 {
@@ -457,47 +506,108 @@ impl Job<'_> {
     ///
     /// # Safety
     /// `ap` addresses `rows` rows of `kc` floats with stride `lda`; `bp`
-    /// addresses `kc` aligned panel rows; `cp` addresses `rows` rows of
-    /// `cols <= 16` floats with stride `ldc`.
+    /// holds `kc` panel rows; `cp` addresses `rows` rows of `cols <= 16`
+    /// floats with stride `ldc`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn tile(
         &self,
         rows: usize,
         kc: usize,
         ap: *const f32,
-        bp: *const f32,
+        bp: Panel<'_>,
         cp: *mut f32,
         cols: usize,
         accumulate: bool,
     ) {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
-            let f = match rows {
-                1 => avx2::tile::<1>,
-                2 => avx2::tile::<2>,
-                3 => avx2::tile::<3>,
-                4 => avx2::tile::<4>,
-                5 => avx2::tile::<5>,
-                _ => avx2::tile::<6>,
-            };
-            return f(kc, ap, self.lda, bp, cp, self.ldc, cols, accumulate);
+            match bp {
+                Panel::F32(b) => {
+                    let f = match rows {
+                        1 => avx2::tile::<1>,
+                        2 => avx2::tile::<2>,
+                        3 => avx2::tile::<3>,
+                        4 => avx2::tile::<4>,
+                        5 => avx2::tile::<5>,
+                        _ => avx2::tile::<6>,
+                    };
+                    return f(
+                        kc,
+                        ap,
+                        self.lda,
+                        b.as_ptr().cast(),
+                        cp,
+                        self.ldc,
+                        cols,
+                        accumulate,
+                    );
+                }
+                Panel::F16(b) if self.f16c => {
+                    let f = match rows {
+                        1 => avx2::tile_f16::<1>,
+                        2 => avx2::tile_f16::<2>,
+                        3 => avx2::tile_f16::<3>,
+                        4 => avx2::tile_f16::<4>,
+                        5 => avx2::tile_f16::<5>,
+                        _ => avx2::tile_f16::<6>,
+                    };
+                    return f(
+                        kc,
+                        ap,
+                        self.lda,
+                        b.as_ptr().cast(),
+                        cp,
+                        self.ldc,
+                        cols,
+                        accumulate,
+                    );
+                }
+                Panel::F16(_) => {}
+            }
         }
-        scalar_tile(rows, kc, ap, self.lda, bp, cp, self.ldc, cols, accumulate);
+        match bp {
+            Panel::F32(b) => scalar_tile(
+                rows,
+                kc,
+                ap,
+                self.lda,
+                b,
+                |r| r.0,
+                cp,
+                self.ldc,
+                cols,
+                accumulate,
+            ),
+            Panel::F16(b) => scalar_tile(
+                rows,
+                kc,
+                ap,
+                self.lda,
+                b,
+                |r| r.0.map(|h| half::f16::from_bits(h).to_f32()),
+                cp,
+                self.ldc,
+                cols,
+                accumulate,
+            ),
+        }
     }
 }
 
 /// Portable micro-kernel with the same per-element summation order as the
-/// AVX2 one (p ascending, one fused multiply-add per step).
+/// AVX2 one (p ascending, one fused multiply-add per step). `load` widens
+/// one stored panel row to f32.
 ///
 /// # Safety
-/// As [`Job::tile`].
+/// As [`Job::tile`], with `b` holding at least `kc` panel rows.
 #[allow(clippy::too_many_arguments)]
-unsafe fn scalar_tile(
+unsafe fn scalar_tile<T>(
     rows: usize,
     kc: usize,
     ap: *const f32,
     lda: usize,
-    bp: *const f32,
+    b: &[T],
+    load: impl Fn(&T) -> [f32; NR],
     cp: *mut f32,
     ldc: usize,
     cols: usize,
@@ -505,11 +615,10 @@ unsafe fn scalar_tile(
 ) {
     for r in 0..rows {
         let mut acc = [0f32; NR];
-        for p in 0..kc {
+        for (p, brow) in b[..kc].iter().enumerate() {
             let av = *ap.add(r * lda + p);
-            let brow = bp.add(p * NR);
-            for (j, x) in acc.iter_mut().enumerate() {
-                *x = av.mul_add(*brow.add(j), *x);
+            for (x, bv) in acc.iter_mut().zip(load(brow)) {
+                *x = av.mul_add(bv, *x);
             }
         }
         let crow = cp.add(r * ldc);
@@ -531,46 +640,98 @@ fn has_avx2_fma() -> bool {
     }
 }
 
+fn has_f16c() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::NR;
     use std::arch::x86_64::*;
 
-    /// `R x 16` micro-kernel: 2R accumulators, two panel loads and R
-    /// broadcasts per k step.
+    /// Defines an `R x 16` micro-kernel over panel rows of type `$elem`:
+    /// 2R accumulators, one panel row (two f32 vectors, produced by
+    /// `$load`) and R broadcasts per k step.
+    macro_rules! micro_kernel {
+        ($(#[$m:meta])* $name:ident, $features:literal, $elem:ty, $load:expr) => {
+            $(#[$m])*
+            ///
+            /// # Safety
+            /// The CPU supports the enabled target features (checked by the
+            /// caller), and the pointers satisfy [`super::Job::tile`]'s
+            /// contract, `bp` pointing at `kc` aligned panel rows.
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn $name<const R: usize>(
+                kc: usize,
+                ap: *const f32,
+                lda: usize,
+                bp: *const $elem,
+                cp: *mut f32,
+                ldc: usize,
+                cols: usize,
+                accumulate: bool,
+            ) {
+                let mut acc = [[_mm256_setzero_ps(); 2]; R];
+                let mut arow = [ap; R];
+                for (r, p) in arow.iter_mut().enumerate() {
+                    *p = ap.add(r * lda);
+                }
+                let mut b = bp;
+                for _ in 0..kc {
+                    let (b0, b1) = $load(b);
+                    for r in 0..R {
+                        let av = _mm256_broadcast_ss(&*arow[r]);
+                        acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
+                        acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+                        arow[r] = arow[r].add(1);
+                    }
+                    b = b.add(NR);
+                }
+                store(&acc, cp, ldc, cols, accumulate);
+            }
+        };
+    }
+
+    micro_kernel!(
+        /// f32 panel rows (one 64-byte line per k step).
+        tile,
+        "avx2,fma",
+        f32,
+        |b: *const f32| (_mm256_load_ps(b), _mm256_load_ps(b.add(8)))
+    );
+
+    micro_kernel!(
+        /// f16 panel rows (32 bytes per k step), widened with F16C.
+        tile_f16,
+        "avx2,fma,f16c",
+        u16,
+        |b: *const u16| {
+            let b = b.cast::<__m128i>();
+            (_mm256_cvtph_ps(_mm_load_si128(b)), _mm256_cvtph_ps(_mm_load_si128(b.add(1))))
+        }
+    );
+
+    /// Write (or add) the accumulators of an `R x 16` tile into C, the
+    /// first `cols` columns only.
     ///
     /// # Safety
-    /// The CPU supports AVX2 and FMA (checked by the caller), and the
-    /// pointers satisfy [`super::Job::tile`]'s contract.
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn tile<const R: usize>(
-        kc: usize,
-        ap: *const f32,
-        lda: usize,
-        bp: *const f32,
+    /// `cp` addresses `R` rows of `cols <= 16` floats with stride `ldc`.
+    #[inline(always)]
+    unsafe fn store<const R: usize>(
+        acc: &[[__m256; 2]; R],
         cp: *mut f32,
         ldc: usize,
         cols: usize,
         accumulate: bool,
     ) {
-        let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        let mut arow = [ap; R];
-        for (r, p) in arow.iter_mut().enumerate() {
-            *p = ap.add(r * lda);
-        }
-        let mut b = bp;
-        for _ in 0..kc {
-            let b0 = _mm256_load_ps(b);
-            let b1 = _mm256_load_ps(b.add(8));
-            for r in 0..R {
-                let av = _mm256_broadcast_ss(&*arow[r]);
-                acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
-                acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
-                arow[r] = arow[r].add(1);
-            }
-            b = b.add(NR);
-        }
         if cols == NR {
             for (r, a) in acc.iter().enumerate() {
                 let c = cp.add(r * ldc);
@@ -714,6 +875,36 @@ mod tests {
                 check(kernel, m, k, n, k + 2, false);
                 check(kernel, m, k, n, k, true);
             }
+        }
+    }
+
+    #[test]
+    fn f16_panels_multiply_the_rounded_weights() {
+        for &(m, k, n) in &[(1, 7, 17), (7, 33, 31), (97, 385, 130), (16, 384, 64)] {
+            let a = fill(m * k, 11);
+            let b = fill(k * n, 12);
+            // What an f16 packing must multiply: B rounded to f16.
+            let b16: Vec<f32> = b.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+            let packed = PackedB::pack(&b, k, n, n).unwrap().to_f16();
+            assert!(packed.is_f16());
+            assert_eq!(packed.bytes(), n.div_ceil(NR) * k * 32);
+            let want = naive(m, k, n, &a, k, &b16);
+            let mut out = Vec::new();
+            for kernel in [Kernel::Auto, Kernel::Scalar] {
+                let mut c = vec![f32::NAN; m * n];
+                let act = Some(Activation::Relu);
+                gemm_packed_with(kernel, m, &a, k, &packed, &mut c, n, None, act, true).unwrap();
+                for (i, (&got, &w)) in c.iter().zip(&want).enumerate() {
+                    let w = w.max(0.0);
+                    assert!(
+                        (got as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()) * (k as f64).sqrt(),
+                        "{kernel:?} m{m} k{k} n{n} at {i}: {got} vs {w}"
+                    );
+                }
+                out.push(c);
+            }
+            // Same summation order in both kernels: identical results.
+            assert_eq!(out[0], out[1], "m{m} k{k} n{n}");
         }
     }
 
