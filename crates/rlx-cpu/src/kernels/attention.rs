@@ -198,16 +198,16 @@ simd_dispatch! {
             if plain {
                 // max(scale * s) = scale * max(s) for scale > 0, and the
                 // scale folds into the exponent's FMA: one pass fewer.
-                let m = simd::max_slice(sc);
-                if m == f32::NEG_INFINITY || m.is_nan() {
-                    // -inf only from -inf scores; NaN must propagate as the
-                    // general path does.
-                } else {
+                // NaNs are skipped here but reach the sum (e^NaN), so the
+                // row still comes out NaN; an all-NaN or all -inf row takes
+                // the general path.
+                let m = M::max_num(sc);
+                if m != f32::NEG_INFINITY {
                     let ms = m * p.scale;
                     for s in sc.iter_mut() {
-                        *s = simd::exp_m::<M>(M::fma(*s, p.scale, -ms));
+                        *s = simd::exp_nonpos_m::<M>(M::fma(*s, p.scale, -ms));
                     }
-                    let total = simd::sum(sc);
+                    let total = M::sum(sc);
                     scale_slice(sc, 1.0 / total);
                     continue;
                 }
@@ -423,9 +423,12 @@ unsafe fn attend_head_packed(
     let mask = &window_mask(mask, b * sk + klo, b * sk + khi.max(klo));
     HEAD_SCRATCH.with(|cell| {
         let s = &mut *cell.borrow_mut();
-        s.out.clear();
+        // Rows with keys to attend to are written in full below; rows with
+        // none are zeroed where they are skipped (no clearing up front).
         s.out.resize(sq * d, 0.0);
-        if klo < khi {
+        if klo >= khi {
+            s.out.fill(0.0);
+        } else {
             let ko = b * sk * p.k_row_stride + hk * d;
             let vo = b * sk * p.v_row_stride + hk * d;
             s.kt.repack_strided(&k[ko..], d, khi, 1, p.k_row_stride)?;
@@ -438,7 +441,6 @@ unsafe fn attend_head_packed(
                 if lo < hi {
                     let col0 = lo / NR * NR;
                     let nk = hi - col0;
-                    s.scores.clear();
                     s.scores.resize(rows * nk, 0.0);
                     let qo = (b * sq + i0) * p.q_row_stride + h * d;
                     let qs = &q[qo..];
@@ -463,6 +465,8 @@ unsafe fn attend_head_packed(
                         &mut s.out[i0 * d..],
                         d,
                     )?;
+                } else {
+                    s.out[i0 * d..(i0 + rows) * d].fill(0.0);
                 }
                 i0 += rows;
             }

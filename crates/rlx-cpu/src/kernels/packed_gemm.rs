@@ -100,17 +100,37 @@ impl PackedB {
         self.k = k;
         self.n = n;
         self.half.clear();
-        self.rows.clear();
+        // Every lane below n is written below; only the last panel's pad
+        // lanes need zeros (the old contents are not cleared: attention
+        // repacks per head).
         self.rows.resize(panels * k, PanelRow([0.0; NR]));
+        self.rows.truncate(panels * k);
+        if n % NR != 0 {
+            let (panel, w) = (panels - 1, n % NR);
+            for row in &mut self.rows[panel * k..] {
+                row.0[w..].fill(0.0);
+            }
+        }
         for panel in 0..panels {
             let j0 = panel * NR;
             let w = NR.min(n - j0);
-            for p in 0..k {
-                let dst = &mut self.rows[panel * k + p].0[..w];
-                if cs == 1 {
-                    dst.copy_from_slice(&b[p * rs + j0..p * rs + j0 + w]);
-                } else {
-                    for (j, x) in dst.iter_mut().enumerate() {
+            let dst = &mut self.rows[panel * k..(panel + 1) * k];
+            if cs == 1 {
+                for (p, row) in dst.iter_mut().enumerate() {
+                    row.0[..w].copy_from_slice(&b[p * rs + j0..p * rs + j0 + w]);
+                }
+            } else if rs == 1 {
+                // A transposed read (K^T of a head): column j is contiguous
+                // in b, so walk it and scatter into lane j of each row.
+                for j in 0..w {
+                    let col = &b[(j0 + j) * cs..(j0 + j) * cs + k];
+                    for (row, &x) in dst.iter_mut().zip(col) {
+                        row.0[j] = x;
+                    }
+                }
+            } else {
+                for (p, row) in dst.iter_mut().enumerate() {
+                    for (j, x) in row.0[..w].iter_mut().enumerate() {
                         *x = b[p * rs + (j0 + j) * cs];
                     }
                 }
@@ -464,7 +484,7 @@ impl Job<'_> {
                 let cols = NR.min(self.n - panel * NR);
                 let mut r = r0;
                 while r < r1 {
-                    let rows = MR.min(r1 - r);
+                    let rows = tile_rows(r1 - r);
                     let ap = self.a.as_ptr().add(r * self.lda + pc);
                     let cp = c.0.add(r * self.ldc + panel * NR);
                     self.tile(rows, kc, ap, bp, cp, cols, !first);
@@ -626,6 +646,18 @@ unsafe fn scalar_tile<T>(
             let dst = crow.add(j);
             *dst = if accumulate { *dst + x } else { *x };
         }
+    }
+}
+
+/// Rows of the next micro-tile when `rem` rows are left: [`MR`], except
+/// that the last 7-11 rows split into two near-equal tiles. A 1- or 2-row
+/// tile has too few accumulator chains to cover the FMA latency and runs at
+/// a quarter or half speed; 4+4 beats 6+2.
+fn tile_rows(rem: usize) -> usize {
+    if rem > MR && rem < 2 * MR {
+        rem.div_ceil(2)
+    } else {
+        MR.min(rem)
     }
 }
 

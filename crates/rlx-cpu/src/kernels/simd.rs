@@ -45,6 +45,19 @@ pub(crate) use simd_dispatch;
 pub trait Fma {
     /// `a * b + c`, fused or not.
     fn fma(a: f32, b: f32, c: f32) -> f32;
+
+    /// [`sum`] (the same additions in the same order).
+    #[inline(always)]
+    fn sum(x: &[f32]) -> f32 {
+        sum(x)
+    }
+
+    /// The largest element ignoring NaNs (`f32::max` semantics), `-inf`
+    /// for an empty or all-NaN slice.
+    #[inline(always)]
+    fn max_num(x: &[f32]) -> f32 {
+        x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v))
+    }
 }
 
 /// Hardware fused multiply-add; only for code compiled with the `fma`
@@ -60,6 +73,79 @@ impl Fma for HwFma {
     #[inline(always)]
     fn fma(a: f32, b: f32, c: f32) -> f32 {
         a.mul_add(b, c)
+    }
+
+    // LLVM vectorizes the portable reductions in [`sum`] and [`max_slice`]
+    // with 128-bit shuffles inside dispatched bodies; these use 8-lane
+    // AVX registers directly.
+    #[inline(always)]
+    fn sum(x: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx") {
+            // SAFETY: the CPU has AVX (checked just above).
+            return unsafe { avx::sum(x) };
+        }
+        sum(x)
+    }
+
+    #[inline(always)]
+    fn max_num(x: &[f32]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx") {
+            // SAFETY: the CPU has AVX (checked just above).
+            return unsafe { avx::max_num(x) };
+        }
+        x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    use std::arch::x86_64::*;
+
+    /// [`super::sum`] on 8-lane registers: lane `i` accumulates elements
+    /// `i, i + 8, ...`, then `((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 +
+    /// a7))`, then the tail in order.
+    ///
+    /// # Safety
+    /// The CPU supports AVX.
+    #[target_feature(enable = "avx")]
+    #[inline]
+    pub unsafe fn sum(x: &[f32]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let mut chunks = x.chunks_exact(8);
+        for c in &mut chunks {
+            acc = _mm256_add_ps(acc, _mm256_loadu_ps(c.as_ptr()));
+        }
+        let h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        let mut l = [0f32; 4];
+        _mm_storeu_ps(l.as_mut_ptr(), h);
+        let mut s = (l[0] + l[1]) + (l[2] + l[3]);
+        for &v in chunks.remainder() {
+            s += v;
+        }
+        s
+    }
+
+    /// The largest non-NaN element (`-inf` if none).
+    ///
+    /// # Safety
+    /// The CPU supports AVX.
+    #[target_feature(enable = "avx")]
+    #[inline]
+    pub unsafe fn max_num(x: &[f32]) -> f32 {
+        // vmaxps returns its second operand when either is NaN: keeping
+        // the accumulator second skips NaN elements.
+        let mut acc = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut chunks = x.chunks_exact(8);
+        for c in &mut chunks {
+            acc = _mm256_max_ps(_mm256_loadu_ps(c.as_ptr()), acc);
+        }
+        let mut l = [0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), acc);
+        l.iter()
+            .chain(chunks.remainder())
+            .fold(f32::NEG_INFINITY, |m, &v| m.max(v))
     }
 }
 
@@ -114,6 +200,43 @@ fn exp_hilo<M: Fma>(hi: f32, lo: f32) -> f32 {
     } else {
         y
     }
+}
+
+/// [`exp_hilo`] for `hi + lo <= 0` whose result may flush to 0 once it
+/// leaves the normal range (below e^-87.3): one power-of-two scale instead
+/// of two and no overflow check.
+#[inline(always)]
+fn exp_hilo_nonpos<M: Fma>(hi: f32, lo: f32) -> f32 {
+    let x = hi + lo;
+    let xc = if x < -87.0 { -87.0 } else { x };
+    let shifted = M::fma(xc, LOG2E, ROUND_MAGIC);
+    let kf = shifted - ROUND_MAGIC;
+    let r = M::fma(-kf, LN2_LO, M::fma(-kf, LN2_HI, hi) + lo);
+    let r2 = r * r;
+    let r4 = r2 * r2;
+    let p01 = 1.0 + r;
+    let p23 = M::fma(r, 1.0 / 6.0, 0.5);
+    let p45 = M::fma(r, 1.0 / 120.0, 1.0 / 24.0);
+    let p67 = M::fma(r, 1.0 / 5040.0, 1.0 / 720.0);
+    let p03 = M::fma(r2, p23, p01);
+    let p47 = M::fma(r2, p67, p45);
+    let p = M::fma(r4, p47, p03);
+    // k in [-126, 0]: 2^k is one normal float.
+    let k = (shifted.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
+    let y = p * f32::from_bits((k.wrapping_add(127) as u32) << 23);
+    if x < -87.0 {
+        0.0
+    } else {
+        y
+    }
+}
+
+/// `e^x` for `x <= 0` (softmax after subtracting the maximum, and small
+/// positive rounding slop): as accurate as [`exp_m`] down to e^-87, 0
+/// below; NaN propagates. One power-of-two scale and no overflow check.
+#[inline(always)]
+pub fn exp_nonpos_m<M: Fma>(x: f32) -> f32 {
+    exp_hilo_nonpos::<M>(x, 0.0)
 }
 
 /// `e^x` in f32, about 1 ulp, NaN-propagating, branch-free (vectorizes).
@@ -186,7 +309,7 @@ pub fn normal_cdf_m<M: Fma>(x: f32) -> f32 {
     let xh = f32::from_bits(ax.to_bits() & 0xffff_f000);
     let hi = -0.5 * (xh * xh);
     let lo = M::fma(-0.5 * (ax - xh), ax + xh, poly);
-    let erfc = t * exp_hilo::<M>(hi, lo);
+    let erfc = t * exp_hilo_nonpos::<M>(hi, lo);
     if x >= 0.0 {
         M::fma(-0.5, erfc, 1.0)
     } else {
@@ -341,8 +464,15 @@ pub fn max_slice(x: &[f32]) -> f32 {
             acc[i] = max_nan(c[i], acc[i]);
         }
     }
-    let mut m = f32::NEG_INFINITY;
-    for &v in acc.iter().chain(rem) {
+    // A tree over the lanes (vectorizes to shuffles), then the tail.
+    let h = [
+        max_nan(acc[0], acc[4]),
+        max_nan(acc[1], acc[5]),
+        max_nan(acc[2], acc[6]),
+        max_nan(acc[3], acc[7]),
+    ];
+    let mut m = max_nan(max_nan(h[0], h[2]), max_nan(h[1], h[3]));
+    for &v in rem {
         m = max_nan(v, m);
     }
     m
@@ -429,6 +559,53 @@ mod tests {
         assert_eq!(exp(100.0), f32::INFINITY);
         assert!(exp(f32::NAN).is_nan());
         assert_eq!(exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn exp_nonpos_matches_f64_and_flushes_below_the_normal_range() {
+        let mut worst = 0.0f64;
+        let mut x = -87.0f32;
+        while x < 0.5 {
+            worst = worst.max(rel(exp_nonpos_m::<NoFma>(x), (x as f64).exp()));
+            worst = worst.max(rel(exp_nonpos_m::<HwFma>(x), (x as f64).exp()));
+            x += 0.00731;
+        }
+        assert!(worst < 2e-7, "worst exp_nonpos rel error {worst}");
+        assert_eq!(exp_nonpos_m::<NoFma>(0.0), 1.0);
+        assert_eq!(exp_nonpos_m::<NoFma>(-90.0), 0.0);
+        assert_eq!(exp_nonpos_m::<NoFma>(f32::NEG_INFINITY), 0.0);
+        assert!(exp_nonpos_m::<NoFma>(f32::NAN).is_nan());
+        assert_eq!(
+            max_slice(&[1.0, 5.0, -2.0, 3.0, 4.0, 0.0, 2.0, 4.5, 7.0, 6.0]),
+            7.0
+        );
+        assert!(max_slice(&[1.0, f32::NAN, 2.0, 3.0, 4.0, 0.0, 2.0, 4.5]).is_nan());
+        assert_eq!(max_slice(&[]), f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn vector_reductions_match_the_portable_ones() {
+        for n in [0usize, 1, 7, 8, 9, 16, 100, 128, 131] {
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.37)
+                .collect();
+            assert_eq!(HwFma::sum(&x).to_bits(), sum(&x).to_bits(), "sum of {n}");
+            assert_eq!(
+                HwFma::sum(&x).to_bits(),
+                NoFma::sum(&x).to_bits(),
+                "sum of {n}"
+            );
+            let want = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            assert_eq!(HwFma::max_num(&x), want, "max of {n}");
+            let mut y = x.clone();
+            if n > 3 {
+                y[3] = f32::NAN;
+                let want = y.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                assert_eq!(HwFma::max_num(&y), want, "max of {n} with a NaN");
+                assert_eq!(NoFma::max_num(&y), want);
+            }
+        }
+        assert_eq!(HwFma::max_num(&[f32::NAN; 9]), f32::NEG_INFINITY);
     }
 
     #[test]

@@ -12,26 +12,15 @@ pub(crate) fn exp_sub_sum<M: simd::Fma>(x: &[f32], m: f32, out: &mut [f32]) -> f
     exp_sub_sum_inplace::<M>(out, m)
 }
 
-/// `x[i] = e^(x[i] - m)`, returning the sum (8 accumulators).
+/// `x[i] = e^(x[i] - m)`, returning the sum ([`simd::sum`]'s order).
 #[inline(always)]
 pub(crate) fn exp_sub_sum_inplace<M: simd::Fma>(x: &mut [f32], m: f32) -> f32 {
     // Two passes: a plain map vectorizes (an exp fused with an 8-lane
-    // accumulator did not, and ran scalar), then a lane-wise sum.
+    // accumulator did not, and ran scalar), then the sum.
     for v in x.iter_mut() {
-        *v = simd::exp_m::<M>(*v - m);
+        *v = simd::exp_nonpos_m::<M>(*v - m);
     }
-    let mut acc = [0.0f32; 8];
-    let mut chunks = x.chunks_exact(8);
-    for c in &mut chunks {
-        for i in 0..8 {
-            acc[i] += c[i];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for v in chunks.remainder() {
-        s += *v;
-    }
-    s
+    M::sum(x)
 }
 
 /// Multiply every element by `s`.

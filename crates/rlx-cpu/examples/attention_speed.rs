@@ -1,0 +1,55 @@
+//! Time of one MiniLM-sized attention call (q/k/v read out of a packed QKV
+//! buffer, all-ones keep-mask), single- and multi-threaded. A timing aid;
+//! asserts nothing.
+use rlx_cpu::kernels::attention::{attention, AttentionParams, AttnMask};
+use rlx_ir::MaskKind;
+use std::time::Instant;
+
+fn main() {
+    let (b, s, h, d) = (1usize, 128usize, 12usize, 32usize);
+    let w = h * d;
+    let qkv: Vec<f32> = (0..b * s * 3 * w)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let mask = vec![1f32; b * s];
+    let mut out = vec![0f32; b * s * w];
+    let p = AttentionParams {
+        batch: b,
+        seq_q: s,
+        seq_k: s,
+        num_heads: h,
+        num_kv_heads: h,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+        softcap: None,
+        mask_kind: MaskKind::Custom,
+        q_row_stride: 3 * w,
+        k_row_stride: 3 * w,
+        v_row_stride: 3 * w,
+        out_row_stride: w,
+    };
+    for parallel in [false, true] {
+        let mut times = Vec::new();
+        for _ in 0..200 {
+            let t0 = Instant::now();
+            attention(
+                &p,
+                &qkv,
+                &qkv[w..],
+                &qkv[2 * w..],
+                AttnMask::KeepF32(&mask),
+                &mut out,
+                parallel,
+            )
+            .unwrap();
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(|a, b| a.total_cmp(b));
+        let flops = 4.0 * (b * h * s * s * d) as f64;
+        let med = times[times.len() / 2];
+        println!(
+            "parallel={parallel}: median {med:.4} ms, {:.1} GFLOP/s",
+            flops / med / 1e6
+        );
+    }
+}
