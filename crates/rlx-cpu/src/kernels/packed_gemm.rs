@@ -105,7 +105,7 @@ impl PackedB {
         // repacks per head).
         self.rows.resize(panels * k, PanelRow([0.0; NR]));
         self.rows.truncate(panels * k);
-        if n % NR != 0 {
+        if !n.is_multiple_of(NR) {
             let (panel, w) = (panels - 1, n % NR);
             for row in &mut self.rows[panel * k..] {
                 row.0[w..].fill(0.0);
