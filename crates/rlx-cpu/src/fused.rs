@@ -605,10 +605,33 @@ impl FusedPlan {
                 for (node, op) in &this.ops {
                     run_fop(op, ins, packed, &mut bufs, r0, nr, serial).map_err(|m| (*node, m))?;
                 }
+                let bufs = &bufs;
                 for (part, v) in parts.iter_mut().zip(&this.outputs) {
-                    for r in 0..nr {
-                        part[r * v.width..(r + 1) * v.width]
-                            .copy_from_slice(row(v, ins, &bufs, r0, r)?.1);
+                    if v.width == 0 {
+                        continue;
+                    }
+                    let copy = |r: usize, dst: &mut [f32]| -> Result<(), (NodeId, String)> {
+                        dst.copy_from_slice(row(v, ins, bufs, r0, r)?.1);
+                        Ok(())
+                    };
+                    let part = &mut part[..nr * v.width];
+                    if serial && nr * v.width >= crate::kernels::PAR_MIN_ELEMS {
+                        // One chunk: its kernels ran on every thread, and so
+                        // does the copy out (one thread alone is slower than
+                        // the Narrow thunks it replaces).
+                        let per = nr.div_ceil(rayon::current_num_threads() * 2).max(1);
+                        part.par_chunks_mut(per * v.width)
+                            .enumerate()
+                            .try_for_each(|(c, rows)| {
+                                for (i, dst) in rows.chunks_mut(v.width).enumerate() {
+                                    copy(c * per + i, dst)?;
+                                }
+                                Ok(())
+                            })?;
+                    } else {
+                        for (r, dst) in part.chunks_mut(v.width).enumerate() {
+                            copy(r, dst)?;
+                        }
                     }
                 }
                 Ok(())
