@@ -205,9 +205,12 @@ fn norms_softmax_reduce_vs_ref() {
 #[test]
 fn attention_vs_ref() {
     let mut r = rng(4);
-    // The last two take the packed path (S_q >= 16), over several row blocks.
+    // Blocks of <= 4 query rows use dot products, (4, 9, ..) 9-row GEMM
+    // blocks; the last two take the packed path (S_q >= 16), over several
+    // row blocks.
     for (b, sq, sk, hq, hkv, d) in [
         (2, 3, 7, 4, 2, 8),
+        (4, 9, 11, 2, 1, 8),
         (1, 5, 5, 2, 2, 13),
         (2, 6, 4, 2, 1, 4),
         (1, 16, 16, 2, 2, 20),
