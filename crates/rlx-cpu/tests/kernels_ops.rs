@@ -781,7 +781,7 @@ fn attention_all_masks_gqa_offsets() {
         (1, 5, 5, 3, 3, 13), // MHA, odd head dim
         (2, 6, 4, 2, 1, 4),  // S_k < S_q: early causal rows fully masked
         (1, 1, 1, 1, 1, 1),
-        (4, 9, 11, 2, 1, 8), // 9-row blocks: GEMM path (<= 4 rows: dot products)
+        (4, 9, 11, 2, 1, 8),   // 9-row blocks of the row-block path
         (2, 40, 40, 4, 2, 33), // parallel path
     ];
     for &(b, sq, sk, hq, hkv, d) in &shapes {

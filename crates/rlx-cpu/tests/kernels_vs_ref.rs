@@ -205,9 +205,8 @@ fn norms_softmax_reduce_vs_ref() {
 #[test]
 fn attention_vs_ref() {
     let mut r = rng(4);
-    // Blocks of <= 4 query rows use dot products, (4, 9, ..) 9-row GEMM
-    // blocks; the last two take the packed path (S_q >= 16), over several
-    // row blocks.
+    // (4, 9, ..) runs as whole 9-row blocks; the last two take the packed
+    // path (S_q >= 16), over several row blocks.
     for (b, sq, sk, hq, hkv, d) in [
         (2, 3, 7, 4, 2, 8),
         (4, 9, 11, 2, 1, 8),

@@ -273,74 +273,6 @@ fn window_mask<'a>(mask: &AttnMask<'a>, j0: usize, j1: usize) -> AttnMask<'a> {
     }
 }
 
-/// Query rows per block up to which scores and P.V are plain dot products
-/// and axpys: for a decode step (one row) a GEMM call's setup costs more
-/// than the product.
-const DOT_MAX_ROWS: usize = 4;
-
-simd_dispatch! {
-    /// Head `h` of [`attend_block`] for a block of at most [`DOT_MAX_ROWS`]
-    /// rows: `scores[r, j] = q[i0 + r] . k[klo + j]`, probabilities, then
-    /// `out[r, h] = sum_j P[r, j] v[klo + j]`.
-    fn small_block_head(
-        p: &AttentionParams,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        mask: &AttnMask<'_>,
-        out: &mut [f32],
-        b: usize,
-        h: usize,
-        i0: usize,
-        rows: usize,
-        klo: usize,
-        nk: usize,
-        scores: &mut [f32],
-    ) {
-        let (d, sq, sk) = (p.head_dim, p.seq_q, p.seq_k);
-        let hk = h / (p.num_heads / p.num_kv_heads);
-        let krow = |j: usize| {
-            let o = (b * sk + klo + j) * p.k_row_stride + hk * d;
-            &k[o..o + d]
-        };
-        let vrow = |j: usize| {
-            let o = (b * sk + klo + j) * p.v_row_stride + hk * d;
-            &v[o..o + d]
-        };
-        for r in 0..rows {
-            let qo = (b * sq + i0 + r) * p.q_row_stride + h * d;
-            let qr = &q[qo..qo + d];
-            for (j, sc) in scores[r * nk..(r + 1) * nk].iter_mut().enumerate() {
-                let kr = krow(j);
-                let mut acc = [0f32; 8];
-                let (qc, kc) = (qr.chunks_exact(8), kr.chunks_exact(8));
-                let (qt, kt) = (qc.remainder(), kc.remainder());
-                for (x, y) in qc.zip(kc) {
-                    for i in 0..8 {
-                        acc[i] = M::fma(x[i], y[i], acc[i]);
-                    }
-                }
-                let mut dot = ((acc[0] + acc[4]) + (acc[1] + acc[5]))
-                    + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-                for (x, y) in qt.iter().zip(kt) {
-                    dot = M::fma(*x, *y, dot);
-                }
-                *sc = dot;
-            }
-        }
-        probs_rows(p, mask, &mut scores[..rows * nk], nk, b, h, i0, klo);
-        for r in 0..rows {
-            let o = &mut out[r * p.out_row_stride + h * d..r * p.out_row_stride + (h + 1) * d];
-            o.fill(0.0);
-            for (j, &w) in scores[r * nk..(r + 1) * nk].iter().enumerate() {
-                for (x, &y) in o.iter_mut().zip(vrow(j)) {
-                    *x = M::fma(w, y, *x);
-                }
-            }
-        }
-    }
-}
-
 /// Query rows `i0..i0+rows` of batch `b`, all heads, into `out` (which
 /// starts at that block's first row). Scores come from one gemm per head
 /// over the block's visible key range, probabilities times V from another,
@@ -385,12 +317,6 @@ fn attend_block(
     let nk = khi - klo;
     scores.clear();
     scores.resize(rows * nk, 0.0);
-    if rows <= DOT_MAX_ROWS {
-        for h in 0..p.num_heads {
-            small_block_head(p, q, k, v, mask, out, b, h, i0, rows, klo, nk, scores);
-        }
-        return Ok(());
-    }
     for h in 0..p.num_heads {
         let hk = h / group;
         let qo = (b * sq + i0) * p.q_row_stride + h * d;
