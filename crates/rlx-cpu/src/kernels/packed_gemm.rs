@@ -541,48 +541,14 @@ impl Job<'_> {
     ) {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
-            match bp {
-                Panel::F32(b) => {
-                    let f = match rows {
-                        1 => avx2::tile::<1>,
-                        2 => avx2::tile::<2>,
-                        3 => avx2::tile::<3>,
-                        4 => avx2::tile::<4>,
-                        5 => avx2::tile::<5>,
-                        _ => avx2::tile::<6>,
-                    };
-                    return f(
-                        kc,
-                        ap,
-                        self.lda,
-                        b.as_ptr().cast(),
-                        cp,
-                        self.ldc,
-                        cols,
-                        accumulate,
-                    );
-                }
-                Panel::F16(b) if self.f16c => {
-                    let f = match rows {
-                        1 => avx2::tile_f16::<1>,
-                        2 => avx2::tile_f16::<2>,
-                        3 => avx2::tile_f16::<3>,
-                        4 => avx2::tile_f16::<4>,
-                        5 => avx2::tile_f16::<5>,
-                        _ => avx2::tile_f16::<6>,
-                    };
-                    return f(
-                        kc,
-                        ap,
-                        self.lda,
-                        b.as_ptr().cast(),
-                        cp,
-                        self.ldc,
-                        cols,
-                        accumulate,
-                    );
-                }
-                Panel::F16(_) => {}
+            let kernels = match bp {
+                Panel::F32(b) => Some((b.as_ptr().cast::<u8>(), avx2::TILE)),
+                Panel::F16(b) if self.f16c => Some((b.as_ptr().cast::<u8>(), avx2::TILE_F16)),
+                Panel::F16(_) => None,
+            };
+            if let Some((b, table)) = kernels {
+                let f = table[rows.clamp(1, MR) - 1];
+                return f(kc, ap, self.lda, b, cp, self.ldc, cols, accumulate);
             }
         }
         match bp {
@@ -698,19 +664,21 @@ mod avx2 {
             /// # Safety
             /// The CPU supports the enabled target features (checked by the
             /// caller), and the pointers satisfy [`super::Job::tile`]'s
-            /// contract, `bp` pointing at `kc` aligned panel rows.
+            /// contract, `bp` pointing at `kc` aligned panel rows of this
+            /// kernel's element type.
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
             pub unsafe fn $name<const R: usize>(
                 kc: usize,
                 ap: *const f32,
                 lda: usize,
-                bp: *const $elem,
+                bp: *const u8,
                 cp: *mut f32,
                 ldc: usize,
                 cols: usize,
                 accumulate: bool,
             ) {
+                let bp = bp.cast::<$elem>();
                 let mut acc = [[_mm256_setzero_ps(); 2]; R];
                 let mut arow = [ap; R];
                 for (r, p) in arow.iter_mut().enumerate() {
@@ -731,6 +699,24 @@ mod avx2 {
             }
         };
     }
+
+    /// A micro-kernel: `(kc, ap, lda, bp, cp, ldc, cols, accumulate)`.
+    pub type Tile = unsafe fn(usize, *const f32, usize, *const u8, *mut f32, usize, usize, bool);
+
+    /// [`tile`] for 1..=6 rows.
+    pub const TILE: [Tile; 6] = [
+        tile::<1>, tile::<2>, tile::<3>, tile::<4>, tile::<5>, tile::<6>,
+    ];
+
+    /// [`tile_f16`] for 1..=6 rows.
+    pub const TILE_F16: [Tile; 6] = [
+        tile_f16::<1>,
+        tile_f16::<2>,
+        tile_f16::<3>,
+        tile_f16::<4>,
+        tile_f16::<5>,
+        tile_f16::<6>,
+    ];
 
     micro_kernel!(
         /// f32 panel rows (one 64-byte line per k step).

@@ -163,13 +163,12 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 /// 1.5 * 2^23: adding and subtracting it rounds to the nearest integer.
 const ROUND_MAGIC: f32 = 12_582_912.0;
 
-/// `e^(hi + lo)` where `hi` carries the magnitude and `lo` a correction;
-/// the range reduction keeps `lo`'s bits that `hi + lo` would round away.
+/// The shared core of the exponentials: for `xc` (the clamped `hi + lo`),
+/// `k = round(xc / ln 2)` and `p = e^(hi + lo - k ln 2)`, so that
+/// `e^(hi + lo) = p * 2^k`. The range reduction keeps `lo`'s bits that
+/// `hi + lo` would round away.
 #[inline(always)]
-fn exp_hilo<M: Fma>(hi: f32, lo: f32) -> f32 {
-    let x = hi + lo;
-    // Clamp (NaN passes through).
-    let xc = x.clamp(-104.0, 88.8);
+fn exp_reduce<M: Fma>(xc: f32, hi: f32, lo: f32) -> (f32, i32) {
     let shifted = M::fma(xc, LOG2E, ROUND_MAGIC);
     let kf = shifted - ROUND_MAGIC;
     let r = M::fma(-kf, LN2_LO, M::fma(-kf, LN2_HI, hi) + lo);
@@ -188,6 +187,16 @@ fn exp_hilo<M: Fma>(hi: f32, lo: f32) -> f32 {
     // reading it from the bits avoids a saturating float->int conversion,
     // which blocks vectorization. For NaN, k is garbage but p is NaN.
     let k = (shifted.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
+    (p, k)
+}
+
+/// `e^(hi + lo)` where `hi` carries the magnitude and `lo` a correction.
+#[inline(always)]
+fn exp_hilo<M: Fma>(hi: f32, lo: f32) -> f32 {
+    let x = hi + lo;
+    // Clamp (NaN passes through).
+    let (p, k) = exp_reduce::<M>(x.clamp(-104.0, 88.8), hi, lo);
+    // Two scales: 2^k alone leaves the normal range for |k| > 126.
     let k1 = k >> 1;
     let k2 = k.wrapping_sub(k1);
     let s1 = f32::from_bits((k1.wrapping_add(127) as u32) << 23);
@@ -208,21 +217,8 @@ fn exp_hilo<M: Fma>(hi: f32, lo: f32) -> f32 {
 #[inline(always)]
 fn exp_hilo_nonpos<M: Fma>(hi: f32, lo: f32) -> f32 {
     let x = hi + lo;
-    let xc = if x < -87.0 { -87.0 } else { x };
-    let shifted = M::fma(xc, LOG2E, ROUND_MAGIC);
-    let kf = shifted - ROUND_MAGIC;
-    let r = M::fma(-kf, LN2_LO, M::fma(-kf, LN2_HI, hi) + lo);
-    let r2 = r * r;
-    let r4 = r2 * r2;
-    let p01 = 1.0 + r;
-    let p23 = M::fma(r, 1.0 / 6.0, 0.5);
-    let p45 = M::fma(r, 1.0 / 120.0, 1.0 / 24.0);
-    let p67 = M::fma(r, 1.0 / 5040.0, 1.0 / 720.0);
-    let p03 = M::fma(r2, p23, p01);
-    let p47 = M::fma(r2, p67, p45);
-    let p = M::fma(r4, p47, p03);
+    let (p, k) = exp_reduce::<M>(if x < -87.0 { -87.0 } else { x }, hi, lo);
     // k in [-126, 0]: 2^k is one normal float.
-    let k = (shifted.to_bits() as i32).wrapping_sub(ROUND_MAGIC.to_bits() as i32);
     let y = p * f32::from_bits((k.wrapping_add(127) as u32) << 23);
     if x < -87.0 {
         0.0
