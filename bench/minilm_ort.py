@@ -458,6 +458,8 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
+    """Left: median time per shape, grouped bars (log scale), ORT and every
+    rlx mode. Right: rlx / ORT per shape and mode, with the 1.0 line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -465,37 +467,52 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.ticker
 
     shapes = list(dict.fromkeys(r["shape"] for r in result["rows"]))
+    modes = list(dict.fromkeys(r["mode"] for r in result["rows"]))
+    by = {(r["shape"], r["mode"]): r for r in result["rows"]}
+    names = {"thunks": "rlx thunks", "hybrid": "rlx hybrid", "hybrid-f16w": "rlx hybrid, f16 weights"}
+    colors = {"ONNX Runtime": "tab:gray", "thunks": "tab:blue", "hybrid": "tab:orange", "hybrid-f16w": "tab:green"}
     x = np.arange(len(shapes))
-    series = {"ONNX Runtime": [], "rlx thunks": [], "rlx hybrid": [], "rlx hybrid, f16 weights": []}
-    for s in shapes:
-        rs = {r["mode"]: r for r in result["rows"] if r["shape"] == s}
-        series["ONNX Runtime"].append(next(iter(rs.values()))["ort_ms"])
-        series["rlx thunks"].append(rs.get("thunks", {}).get("rlx_ms"))
-        series["rlx hybrid"].append(rs.get("hybrid", {}).get("rlx_ms"))
-        series["rlx hybrid, f16 weights"].append(rs.get("hybrid-f16w", {}).get("rlx_ms"))
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    styles = {"ONNX Runtime": ("tab:gray", "s", "-"), "rlx thunks": ("tab:blue", "o", "--"),
-              "rlx hybrid": ("tab:orange", "^", "-"), "rlx hybrid, f16 weights": ("tab:green", "v", ":")}
-    for name, vals in series.items():
-        color, marker, ls = styles[name]
-        present = [(xi, v) for xi, v in zip(x, vals) if v is not None]
+    fig, (ax, axr) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=120)
+
+    series = [("ONNX Runtime", [by[(s, modes[0])]["ort_ms"] if (s, modes[0]) in by else None for s in shapes])]
+    series += [(m, [by.get((s, m), {}).get("rlx_ms") for s in shapes]) for m in modes]
+    width = 0.8 / len(series)
+    for i, (key, vals) in enumerate(series):
+        xs = x - 0.4 + width * (i + 0.5)
+        label = names.get(key, key)
+        present = [(xi, v) for xi, v in zip(xs, vals) if v is not None]
         if not present:
-            # Keep the legend honest about what was not measured.
-            ax.plot([], [], color=color, marker=marker, linestyle=ls, label=f"{name} (not measured)")
-            continue
-        ax.plot([p[0] for p in present], [p[1] for p in present], color=color, marker=marker, linestyle=ls,
-                label=name)
+            label += " (not measured)"
+        ax.bar([p[0] for p in present], [p[1] for p in present], width, color=colors.get(key), label=label)
         for xi, v in present:
-            ax.annotate(f"{v:.1f}", (xi, v), textcoords="offset points", xytext=(6, 4), fontsize=7, color=color)
+            ax.annotate(f"{v:.3g}", (xi, v), textcoords="offset points", xytext=(0, 2), ha="center",
+                        fontsize=6, rotation=90)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xticks(x, shapes)
-    ax.set_xlim(-0.4, len(shapes) - 0.6)
     ax.set_xlabel("batch x sequence length")
     ax.set_ylabel("median time per forward (ms, log scale)")
-    ax.set_title(f"all-MiniLM-L6-v2 fp32, CPU, {result['threads']} threads")
-    ax.legend()
+    ax.set_title("time per shape")
+    ax.legend(fontsize=8)
     ax.grid(axis="y", which="both", alpha=0.3)
+
+    width = 0.8 / max(len(modes), 1)
+    for i, m in enumerate(modes):
+        xs = x - 0.4 + width * (i + 0.5)
+        vals = [by.get((s, m), {}).get("ratio") for s in shapes]
+        present = [(xi, v) for xi, v in zip(xs, vals) if v is not None]
+        axr.bar([p[0] for p in present], [p[1] for p in present], width, color=colors.get(m), label=names.get(m, m))
+        for xi, v in present:
+            axr.annotate(f"{v:.2f}", (xi, v), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7)
+    axr.axhline(1.0, color="tab:gray", linestyle="--", linewidth=1, label="ONNX Runtime = 1")
+    axr.set_xticks(x, shapes)
+    axr.set_ylim(0, max([1.2] + [r["ratio"] * 1.1 for r in result["rows"] if r["ratio"] is not None]))
+    axr.set_xlabel("batch x sequence length")
+    axr.set_ylabel("rlx time / ONNX Runtime time (lower is better)")
+    axr.set_title("rlx relative to ONNX Runtime")
+    axr.legend(fontsize=8, loc="lower right")
+    axr.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"all-MiniLM-L6-v2 fp32, CPU, {result['threads']} threads, same run ({result['date'][:10]})")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
