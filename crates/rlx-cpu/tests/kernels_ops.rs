@@ -782,6 +782,7 @@ fn attention_all_masks_gqa_offsets() {
         (2, 6, 4, 2, 1, 4),  // S_k < S_q: early causal rows fully masked
         (1, 1, 1, 1, 1, 1),
         (4, 9, 11, 2, 1, 8),   // 9-row blocks of the row-block path
+        (1, 1, 70, 4, 2, 32),  // a decode step: one task per head
         (2, 40, 40, 4, 2, 33), // parallel path
     ];
     for &(b, sq, sk, hq, hkv, d) in &shapes {

@@ -284,14 +284,16 @@ fn attend_block(
     k: &[f32],
     v: &[f32],
     mask: &AttnMask<'_>,
-    out: &mut [f32],
+    (out, ors): (&mut [f32], usize),
+    heads: std::ops::Range<usize>,
     b: usize,
     i0: usize,
     rows: usize,
     scores: &mut Vec<f32>,
 ) -> Result<(), KernelError> {
     let (d, sq, sk) = (p.head_dim, p.seq_q, p.seq_k);
-    let ors = p.out_row_stride;
+    // Head h's columns start at (h - h0) * d of each `out` row.
+    let h0 = heads.start;
     let group = p.num_heads / p.num_kv_heads;
     // Keys visible to any row of the block (ranges grow with i).
     let klo = key_range(p.mask_kind, i0, sq, sk).0;
@@ -308,8 +310,8 @@ fn attend_block(
     let mask = &window_mask(mask, b * sk + klo, b * sk + khi.max(klo));
     if klo >= khi {
         for r in 0..rows {
-            for h in 0..p.num_heads {
-                out[r * ors + h * d..r * ors + (h + 1) * d].fill(0.0);
+            for h in heads.clone() {
+                out[r * ors + (h - h0) * d..r * ors + (h - h0 + 1) * d].fill(0.0);
             }
         }
         return Ok(());
@@ -317,7 +319,7 @@ fn attend_block(
     let nk = khi - klo;
     scores.clear();
     scores.resize(rows * nk, 0.0);
-    for h in 0..p.num_heads {
+    for h in heads {
         let hk = h / group;
         let qo = (b * sq + i0) * p.q_row_stride + h * d;
         let ko = (b * sk + klo) * p.k_row_stride + hk * d;
@@ -350,7 +352,7 @@ fn attend_block(
             &v[vo..],
             p.v_row_stride,
             1,
-            &mut out[h * d..],
+            &mut out[(h - h0) * d..],
             ors,
             false,
             false,
@@ -385,11 +387,19 @@ thread_local! {
 /// disjoint column stripes.
 #[derive(Clone, Copy)]
 struct SharedOut(*mut f32);
-// SAFETY: only used by `attention_packed`, whose tasks write disjoint
-// elements of one exclusively borrowed slice.
+// SAFETY: only used by `attention_packed` and `attention_by_head`, whose
+// tasks write disjoint elements of one exclusively borrowed slice.
 unsafe impl Send for SharedOut {}
 // SAFETY: as above.
 unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// The pointer (a method, so closures capture the `Sync` wrapper and
+    /// not its raw field).
+    fn base(self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// One (batch, head): pack this head's `K^T` and `V` once (keys up to the
 /// last visible one), then per block of query rows: scores against the
@@ -482,6 +492,46 @@ unsafe fn attend_head_packed(
     })
 }
 
+/// Row blocks of `blk` rows (`per_batch` per batch) times heads, one task
+/// each: every task attends one head of one block into its own scratch and
+/// copies it into its column stripe of `out`.
+#[allow(clippy::too_many_arguments)]
+fn attention_by_head(
+    p: &AttentionParams,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: &AttnMask<'_>,
+    out: &mut [f32],
+    blk: usize,
+    per_batch: usize,
+) -> Result<(), KernelError> {
+    use rayon::prelude::*;
+    let (d, sq, hq) = (p.head_dim, p.seq_q, p.num_heads);
+    let ptr = SharedOut(out.as_mut_ptr());
+    (0..p.batch * per_batch * hq)
+        .into_par_iter()
+        .try_for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(scores, tmp), t| {
+                let (bi, h) = (t / hq, t % hq);
+                let (b, i0) = (bi / per_batch, bi % per_batch * blk);
+                let rows = blk.min(sq - i0);
+                tmp.resize(rows * d, 0.0);
+                attend_block(p, q, k, v, mask, (tmp, d), h..h + 1, b, i0, rows, scores)?;
+                for (r, src) in tmp.chunks_exact(d).enumerate() {
+                    // SAFETY: row (b, i0 + r), head h of the output validated by
+                    // `attention`; task t is the only one writing it.
+                    unsafe {
+                        let dst = ptr.base().add((b * sq + i0 + r) * p.out_row_stride + h * d);
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, d);
+                    }
+                }
+                Ok(())
+            },
+        )
+}
+
 /// Attention with K and V packed once per (batch, head), one task each.
 fn attention_packed(
     p: &AttentionParams,
@@ -546,11 +596,29 @@ pub fn attention(
     let blk = blk.min((65_536 / p.seq_k.max(1)).max(1));
     let blocks_per_batch = sq.div_ceil(blk);
     let work = p.batch * sq * p.num_heads * p.seq_k.max(1) * p.head_dim * 2;
+    let blocks = p.batch * blocks_per_batch;
+    if parallel && threads > 1 && blocks < threads && p.num_heads > 1 && work >= PAR_MIN_ELEMS {
+        // Fewer row blocks than threads (a decode step is one row): one
+        // task per (block, head) instead.
+        return attention_by_head(p, q, k, v, &mask, out, blk, blocks_per_batch);
+    }
     let run_block = |bi: usize, chunk: &mut [f32], scores: &mut Vec<f32>| {
         let (b, ib) = (bi / blocks_per_batch, bi % blocks_per_batch);
         let i0 = ib * blk;
         let nrows = blk.min(sq - i0);
-        attend_block(p, q, k, v, &mask, chunk, b, i0, nrows, scores)
+        attend_block(
+            p,
+            q,
+            k,
+            v,
+            &mask,
+            (chunk, ors),
+            0..p.num_heads,
+            b,
+            i0,
+            nrows,
+            scores,
+        )
     };
     // Chunks of `blk` rows, restarting at each batch boundary.
     let mut chunks: Vec<&mut [f32]> = Vec::with_capacity(p.batch * blocks_per_batch);
