@@ -481,15 +481,33 @@ unsafe fn attend_head_packed(
                 i0 += rows;
             }
         }
-        for i in 0..sq {
-            let src = &s.out[i * d..(i + 1) * d];
-            let dst = out.0.add((b * sq + i) * p.out_row_stride + h * d);
-            // SAFETY: row (b, i), head h of the validated output: inside
-            // the buffer, and written by this task alone.
-            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, d);
-        }
+        write_head_rows(p, out, b, 0, h, &s.out);
         Ok(())
     })
+}
+
+/// Copy `src` (rows of `d` floats) into head `h` of output rows
+/// `(b, i0..)`.
+///
+/// # Safety
+/// `out` points at an output buffer validated for `p`, the rows exist, and
+/// no other task writes head `h` of those rows meanwhile.
+unsafe fn write_head_rows(
+    p: &AttentionParams,
+    out: SharedOut,
+    b: usize,
+    i0: usize,
+    h: usize,
+    src: &[f32],
+) {
+    let d = p.head_dim;
+    for (r, row) in src.chunks_exact(d).enumerate() {
+        let dst = out
+            .base()
+            .add((b * p.seq_q + i0 + r) * p.out_row_stride + h * d);
+        // SAFETY: inside the validated buffer and exclusive (the contract).
+        std::ptr::copy_nonoverlapping(row.as_ptr(), dst, d);
+    }
 }
 
 /// Row blocks of `blk` rows (`per_batch` per batch) times heads, one task
@@ -511,25 +529,21 @@ fn attention_by_head(
     let ptr = SharedOut(out.as_mut_ptr());
     (0..p.batch * per_batch * hq)
         .into_par_iter()
-        .try_for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(scores, tmp), t| {
-                let (bi, h) = (t / hq, t % hq);
-                let (b, i0) = (bi / per_batch, bi % per_batch * blk);
-                let rows = blk.min(sq - i0);
-                tmp.resize(rows * d, 0.0);
-                attend_block(p, q, k, v, mask, (tmp, d), h..h + 1, b, i0, rows, scores)?;
-                for (r, src) in tmp.chunks_exact(d).enumerate() {
-                    // SAFETY: row (b, i0 + r), head h of the output validated by
-                    // `attention`; task t is the only one writing it.
-                    unsafe {
-                        let dst = ptr.base().add((b * sq + i0 + r) * p.out_row_stride + h * d);
-                        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, d);
-                    }
-                }
+        .try_for_each(|t| {
+            let (bi, h) = (t / hq, t % hq);
+            let (b, i0) = (bi / per_batch, bi % per_batch * blk);
+            let rows = blk.min(sq - i0);
+            HEAD_SCRATCH.with(|cell| {
+                let s = &mut *cell.borrow_mut();
+                s.out.resize(rows * d, 0.0);
+                let dst = (&mut s.out[..], d);
+                attend_block(p, q, k, v, mask, dst, h..h + 1, b, i0, rows, &mut s.scores)?;
+                // SAFETY: rows (b, i0..i0 + rows), head h of the output validated
+                // by `attention`; task t is the only one writing them.
+                unsafe { write_head_rows(p, ptr, b, i0, h, &s.out) };
                 Ok(())
-            },
-        )
+            })
+        })
 }
 
 /// Attention with K and V packed once per (batch, head), one task each.
