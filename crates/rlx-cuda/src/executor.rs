@@ -2,7 +2,7 @@
 //! once, thunks as one launch per op, compiled segments as CUDA graphs.
 
 use crate::device::{DeviceBuffer, Gpu, Graph as CuGraph, Pinned};
-use crate::fuse::{find_chains, Fusion};
+use crate::fuse::{find_fusions, fused_ticks, Fusion};
 use crate::lower::{epilogue_launch, lower, view_of, view_of_st, Arg, Env, Launch, WithStore};
 use crate::store::{device_bytes, Store, StorePlan};
 use cudarc::driver::{result as drv, sys as drv_sys};
@@ -287,18 +287,24 @@ impl Core {
             }
         }
         store.unfold_across(&graph, &step_of);
-        // Segment scratch plans under the storage plan (view offsets count
-        // stored element sizes; folded Narrows alias their sources).
-        for st in &mut plan.steps {
+        // Fusions first: a fused group is one tick of its segment's memory
+        // plan. Segment scratch plans under the storage plan (view offsets
+        // count stored element sizes; folded Narrows alias their sources).
+        let chains: Vec<HashMap<NodeId, Fusion>> = plan
+            .steps
+            .iter()
+            .map(|s| match s {
+                Step::Compiled { sub, .. } => {
+                    find_fusions(&sub.graph, |id| store.get(sub.parent_of[id.index()]))
+                }
+                Step::Thunks { .. } => HashMap::new(),
+            })
+            .collect();
+        for (st, fusions) in plan.steps.iter_mut().zip(&chains) {
             if let Step::Compiled { sub, lowered, .. } = st {
                 let g = &sub.graph;
                 let sst = |id: NodeId| store.get(sub.parent_of[id.index()]);
-                let ticks: Vec<Tick> = g
-                    .nodes()
-                    .iter()
-                    .filter(|n| !n.op.is_leaf())
-                    .map(|n| Tick::Node(n.id))
-                    .collect();
+                let ticks = fused_ticks(g, fusions);
                 lowered.mem = plan_memory(g, &ticks, |n| view_of_st(g, n, &sst), is_cache_write);
             }
         }
@@ -315,14 +321,6 @@ impl Core {
             .filter_map(|n| match &n.op {
                 Op::Param { name } => Some((name.clone(), n.id)),
                 _ => None,
-            })
-            .collect();
-        let chains = plan
-            .steps
-            .iter()
-            .map(|s| match s {
-                Step::Compiled { sub, .. } => find_chains(&sub.graph),
-                Step::Thunks { .. } => HashMap::new(),
             })
             .collect();
         let scratch_bytes = plan
@@ -686,6 +684,7 @@ impl CudaModel {
                             &sub_addr,
                             |id: NodeId| self.core.store.get(sub.parent_of[id.index()]),
                             |id: NodeId| chains.get(&id).cloned().unwrap_or_default(),
+                            |id: NodeId| sub.parent_of[id.index()],
                         );
                         let ls = lower(g, node, &env, &mut meta)
                             .map_err(|e| kernel_err(graph, parent, e))?;

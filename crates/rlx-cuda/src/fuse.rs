@@ -12,7 +12,9 @@
 //! definition.
 
 use crate::lower::{act_code, bin_code, is_suffix};
+use crate::store::Store;
 use rlx_ir::{DType, Graph, Node, NodeId, Op};
+use rlx_runtime::memory::Tick;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 use std::sync::Arc;
@@ -40,6 +42,13 @@ pub(crate) enum Fusion {
     Interior,
     /// Launches the chain's kernel.
     Root(Arc<Chain>),
+    /// Launches a quantized GEMV with the nodes it absorbed.
+    Gemv(Arc<crate::fuse_gemv::GemvFusion>),
+    /// A one-row `Rope` whose launch also does cache writes.
+    RopeCache(Arc<crate::fuse_cache::RopeCache>),
+    /// Done by an earlier node's launch (a `RopeCache`'s writes): no
+    /// launch, but its place in the schedule stays.
+    Done,
 }
 
 fn fusable(g: &Graph, n: &Node) -> bool {
@@ -52,9 +61,11 @@ fn fusable(g: &Graph, n: &Node) -> bool {
         })
 }
 
-/// The chains of a segment's sub-graph (roots and interiors by node id).
-pub(crate) fn find_chains(g: &Graph) -> HashMap<NodeId, Fusion> {
+/// The chains of a segment's sub-graph (roots and interiors by node id),
+/// leaving out the nodes in `claimed` (fused otherwise).
+pub(crate) fn find_chains(g: &Graph, claimed: &HashSet<NodeId>) -> HashMap<NodeId, Fusion> {
     let outputs: HashSet<NodeId> = g.outputs.iter().copied().collect();
+    let fusable = |g: &Graph, n: &Node| fusable(g, n) && !claimed.contains(&n.id);
     let absorbed = |n: &Node| -> bool {
         if !fusable(g, n) || outputs.contains(&n.id) {
             return false;
@@ -105,6 +116,52 @@ pub(crate) fn find_chains(g: &Graph) -> HashMap<NodeId, Fusion> {
         out.insert(root.id, Fusion::Root(chain));
     }
     out
+}
+
+/// Every fusion of a segment's sub-graph: the quantized GEMV groups
+/// ([`crate::fuse_gemv`]) first, then elementwise chains over the rest,
+/// then decode ropes with their cache writes ([`crate::fuse_cache`]).
+/// `store` gives each node's storage.
+pub(crate) fn find_fusions(g: &Graph, store: impl Fn(NodeId) -> Store) -> HashMap<NodeId, Fusion> {
+    let mut m = crate::fuse_gemv::find_gemv(g, &store);
+    let claimed: HashSet<NodeId> = m.keys().copied().collect();
+    m.extend(find_chains(g, &claimed));
+    let ropes = crate::fuse_cache::find_rope_cache(g, &m, &store);
+    m.extend(ropes);
+    m
+}
+
+/// The memory-plan ticks of a segment's sub-graph under its fusions. A
+/// fused group runs as one launch at its root, so it is one atomic tick
+/// there: every input of every member stays live until the launch, and no
+/// member's slot can share memory with them. Unfused nodes tick alone.
+pub(crate) fn fused_ticks(g: &Graph, fusions: &HashMap<NodeId, Fusion>) -> Vec<Tick> {
+    let group = |nodes: &[NodeId]| {
+        let mut inputs = Vec::new();
+        for &n in nodes {
+            for &i in &g.node(n).inputs {
+                if !nodes.contains(&i) && !inputs.contains(&i) {
+                    inputs.push(i);
+                }
+            }
+        }
+        Tick::Segment {
+            inputs,
+            outputs: nodes.to_vec(),
+        }
+    };
+    g.nodes()
+        .iter()
+        .filter(|n| !n.op.is_leaf())
+        .filter_map(|n| match fusions.get(&n.id) {
+            None | Some(Fusion::None | Fusion::RopeCache(_) | Fusion::Done) => {
+                Some(Tick::Node(n.id))
+            }
+            Some(Fusion::Interior) => None,
+            Some(Fusion::Root(c)) => Some(group(&c.nodes)),
+            Some(Fusion::Gemv(f)) => Some(group(&f.nodes)),
+        })
+        .collect()
 }
 
 /// FNV-1a, for stable kernel names.
@@ -176,7 +233,7 @@ mod tests {
         let e = g.push(Op::Activation(Activation::Exp), vec![d]).unwrap();
         let f = g.push(Op::Binary(BinaryOp::Mul), vec![d, d]).unwrap();
         g.set_outputs(vec![e, f]);
-        let c = find_chains(&g);
+        let c = find_chains(&g, &HashSet::new());
         let Some(Fusion::Root(chain)) = c.get(&d) else {
             panic!("d should root a chain: {c:?}");
         };

@@ -18,7 +18,7 @@
 use crate::lower::{Arg, Launch};
 
 /// Names of every kernel in [`SOURCE`].
-pub(crate) const KERNELS: &[&str] = &["cache_write", "attention_rows"];
+pub(crate) const KERNELS: &[&str] = &["cache_write", "rope_cache_row", "attention_rows"];
 
 /// Query rows up to which attention uses `attention_rows`.
 pub(crate) const ROWS_MAX_SQ: usize = 4;
@@ -77,10 +77,57 @@ __global__ void cache_write(float* cache, const float* rows, const void* pos, in
     }
 }
 
+// A decode step's rope and cache writes in one launch. out [W] = rope of
+// the row x [W] (heads of hd, rope_f32's arithmetic) at position p = pos[0];
+// c0 [ctx0, d0] row p <- out[o0 .. o0 + d0]; c1 (when set) [ctx1, d1] row p
+// <- s1 [d1]. A position outside a cache records -(node + 1) in the
+// status word and skips that write. One thread per element of max(W, d1).
+__global__ void rope_cache_row(float* out, const float* x, const void* pos, int pos64, int W,
+                               int hd, int n_rot, float theta, int gptj,
+                               float* c0, int o0, int d0, int ctx0, int node0,
+                               float* c1, const float* s1, int d1, int ctx1, int node1,
+                               int* status) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    long long p = pos64 ? ((const long long*)pos)[0] : (long long)((const int*)pos)[0];
+    if (i < W) {
+        int d = i % hd, half = n_rot / 2;
+        float y;
+        if (d >= n_rot) {
+            y = x[i];
+        } else {
+            int base = i - d, pair, first;
+            if (gptj) { pair = d / 2; first = (d % 2 == 0); }
+            else { pair = d < half ? d : d - half; first = d < half; }
+            double ang = (double)p * pow((double)theta, -2.0 * (double)pair / (double)n_rot);
+            float cs = (float)cos(ang), sn = (float)sin(ang);
+            float a, bb;
+            if (gptj) { a = x[base + 2 * pair]; bb = x[base + 2 * pair + 1]; }
+            else { a = x[base + pair]; bb = x[base + pair + half]; }
+            y = first ? (a * cs - bb * sn) : (a * sn + bb * cs);
+        }
+        out[i] = y;
+        if (i >= o0 && i < o0 + d0) {
+            if (p < 0 || p >= ctx0) {
+                if (i == o0) atomicCAS(status, 0, -(node0 + 1));
+            } else {
+                c0[p * d0 + (i - o0)] = y;
+            }
+        }
+    }
+    if (c1 && i < d1) {
+        if (p < 0 || p >= ctx1) {
+            if (i == 0) atomicCAS(status, 0, -(node1 + 1));
+        } else {
+            c1[p * d1 + i] = s1[i];
+        }
+    }
+}
+
 // One query row per block: grid (Sq, Hq, B), 256 threads, head_dim <= 128.
 // Keys in tiles of 256: one key per thread for the score (its K row read
 // with float4 loads when aligned), then P.V with one warp per key and the
-// lanes over dims; online softmax across tiles. The valid length is read
+// lanes over dims; online softmax across tiles. Loads are batched ahead of
+// their use: a decode step is a chain of memory round trips. The valid length is read
 // from device memory: keys at or past kv_len[b] (when given) are skipped,
 // and so are keys past the last kept key of a keep-mask (found here).
 // Arguments as the tiled attention kernels. mkind: 0 none, 1 causal,
@@ -125,9 +172,19 @@ __global__ void __launch_bounds__(256) attention_rows(
             const float* kr = kb + (long long)key * ks;
             float dot = 0.0f;
             if (vec) {
-                for (int d = 0; d < D; d += 4) {
-                    float4 kv4 = *(const float4*)(kr + d);
-                    dot += qsh[d] * kv4.x + qsh[d + 1] * kv4.y + qsh[d + 2] * kv4.z + qsh[d + 3] * kv4.w;
+                // The row's loads are all issued before the first is used.
+                for (int d0 = 0; d0 < D; d0 += 64) {
+                    float4 kk[16];
+                    #pragma unroll
+                    for (int t = 0; t < 16; ++t)
+                        if (d0 + 4 * t < D) kk[t] = *(const float4*)(kr + d0 + 4 * t);
+                    #pragma unroll
+                    for (int t = 0; t < 16; ++t) {
+                        int d = d0 + 4 * t;
+                        if (d < D)
+                            dot += qsh[d] * kk[t].x + qsh[d + 1] * kk[t].y + qsh[d + 2] * kk[t].z
+                                 + qsh[d + 3] * kk[t].w;
+                    }
                 }
             } else {
                 for (int d = 0; d < D; ++d) dot += qsh[d] * kr[d];
@@ -146,13 +203,27 @@ __global__ void __launch_bounds__(256) attention_rows(
         l = l * corr + kv_block_sum8(p, red);
         #pragma unroll
         for (int c = 0; c < 4; ++c) acc[c] *= corr;
-        #pragma unroll 4
-        for (int jj = warp; jj < cn; jj += 8) {
-            float pj = sc[jj];
-            const float* vr = vb + (long long)(c0 + jj) * vs;
+        // Warp w takes keys w, w + 8, ... in batches of 8 whose V loads are
+        // all issued before the first is used (decode is latency-bound).
+        for (int j0 = warp; j0 < cn; j0 += 64) {
+            float vv[8][4];
             #pragma unroll
-            for (int c = 0; c < 4; ++c)
-                if (lane + 32 * c < D) acc[c] += pj * vr[lane + 32 * c];
+            for (int t = 0; t < 8; ++t) {
+                int jj = j0 + 8 * t;
+                const float* vr = vb + (long long)(c0 + jj) * vs;
+                #pragma unroll
+                for (int c = 0; c < 4; ++c)
+                    vv[t][c] = (jj < cn && lane + 32 * c < D) ? vr[lane + 32 * c] : 0.0f;
+            }
+            #pragma unroll
+            for (int t = 0; t < 8; ++t) {
+                int jj = j0 + 8 * t;
+                if (jj >= cn) break;
+                float pj = sc[jj];
+                #pragma unroll
+                for (int c = 0; c < 4; ++c)
+                    if (lane + 32 * c < D) acc[c] += pj * vv[t][c];
+            }
         }
         m = mnew;
         __syncthreads();

@@ -25,6 +25,8 @@
 mod device;
 mod executor;
 mod fuse;
+mod fuse_cache;
+mod fuse_gemv;
 mod kernels;
 mod kv;
 mod lower;

@@ -5,6 +5,9 @@
 //! addresses) and builds the real schedule.
 
 use crate::fuse::Fusion;
+use crate::fuse_cache::RopeCache;
+use crate::fuse_gemv::GemvFusion;
+use crate::quant::{GemvExtra, Prologue};
 use crate::store::{Dt, Store};
 use rlx_ir::op::{Activation, BinaryOp, MaskKind, ReduceOp, RopeStyle};
 use rlx_ir::{DType, Graph, Node, NodeId, Op, Shape};
@@ -135,17 +138,27 @@ pub(crate) trait Addr {
     fn fusion(&self, _id: NodeId) -> Fusion {
         Fusion::None
     }
+    /// The id that device-side errors report for `id`: its id in the
+    /// compiled graph (a segment's sub-graph numbers its nodes anew).
+    fn graph_id(&self, id: NodeId) -> NodeId {
+        id
+    }
 }
 
-/// Addresses, a storage plan and the fused chains of a segment.
-pub(crate) struct Env<F, S, C>(pub F, pub S, pub C);
+/// Addresses, a storage plan, the fusions and the parent ids of a
+/// segment's nodes.
+pub(crate) struct Env<F, S, C, P>(pub F, pub S, pub C, pub P);
 
-impl<F, S, C> Addr for Env<F, S, C>
+impl<F, S, C, P> Addr for Env<F, S, C, P>
 where
     F: Fn(NodeId) -> Option<u64>,
     S: Fn(NodeId) -> Store,
     C: Fn(NodeId) -> Fusion,
+    P: Fn(NodeId) -> NodeId,
 {
+    fn graph_id(&self, id: NodeId) -> NodeId {
+        (self.3)(id)
+    }
     fn addr(&self, id: NodeId) -> Option<u64> {
         (self.0)(id)
     }
@@ -385,6 +398,9 @@ pub(crate) fn lower(
     match cx.addr.fusion(node.id) {
         Fusion::None => {}
         Fusion::Interior => return Ok(vec![]),
+        Fusion::Gemv(f) => return gemv_group(&cx, &f),
+        Fusion::RopeCache(f) => return rope_cache(&cx, &f),
+        Fusion::Done => return Ok(vec![]),
         Fusion::Root(c) => {
             let n = out_shape.numel();
             let mut args = vec![
@@ -712,7 +728,7 @@ pub(crate) fn lower(
                         Arg::L(vocab as i64),
                         Arg::I((ids.dtype == DType::I64) as i32),
                         Arg::Status,
-                        Arg::I(node.id.0 as i32),
+                        Arg::I(cx.addr.graph_id(node.id).0 as i32),
                         Arg::I(cx.dt_out().code()),
                         Arg::I(cx.dt_in(0).code()),
                     ],
@@ -743,7 +759,7 @@ pub(crate) fn lower(
                     Arg::L(vocab as i64),
                     Arg::I((ids.dtype == DType::I64) as i32),
                     Arg::Status,
-                    Arg::I(node.id.0 as i32),
+                    Arg::I(cx.addr.graph_id(node.id).0 as i32),
                 ],
             )])
         }
@@ -977,6 +993,7 @@ pub(crate) fn lower(
                 m,
                 w.dims[0],
                 k,
+                GemvExtra::default(),
             )
         }
         Op::CacheWrite { .. } => {
@@ -1005,7 +1022,7 @@ pub(crate) fn lower(
                 ctx: c.dims[1],
                 n: r.dims[1],
                 d: c.dims[2],
-                node: node.id.0,
+                node: cx.addr.graph_id(node.id).0,
             })?;
             // In place, the output is the cache itself (the executor's
             // addresses); otherwise it also gets a copy of the updated cache.
@@ -1098,6 +1115,126 @@ fn copy_rows(
             Arg::L((spitch / unit) as i64),
         ],
     )]
+}
+
+/// The one launch of a fused GEMV group, at its root (`cx.node`).
+fn gemv_group<A: Addr>(cx: &Cx<'_, A>, f: &GemvFusion) -> Result<Vec<Launch>, String> {
+    let g = cx.graph;
+    let mm = g.node(f.matmul);
+    let Op::DequantMatMul { scheme, .. } = mm.op else {
+        return Err(format!(
+            "fused GEMV group: node {} is not a DequantMatMul",
+            mm.id
+        ));
+    };
+    let at = |id: NodeId| {
+        cx.addr
+            .addr(id)
+            .ok_or_else(|| format!("fused GEMV input (node {id}) has no device address"))
+    };
+    let xs = &g.node(mm.inputs[0]).shape;
+    let k = xs.last_dim();
+    let m = xs.numel().checked_div(k).unwrap_or(0);
+    let (x, pro) = match f.prologue.map(|p| g.node(p)) {
+        None => (at(mm.inputs[0])?, Prologue::None),
+        Some(p) => match p.op {
+            Op::RmsNorm { eps, .. } => (
+                at(p.inputs[0])?,
+                Prologue::RmsNorm {
+                    gamma: at(p.inputs[1])?,
+                    eps,
+                },
+            ),
+            _ => (at(p.inputs[0])?, Prologue::SwiGlu),
+        },
+    };
+    let (add, add_n) = match f.add {
+        Some((_, o)) => (at(o)?, g.node(o).shape.numel()),
+        None => (0, 0),
+    };
+    let extra = GemvExtra { pro, add, add_n };
+    let n = mm.shape.last_dim();
+    crate::quant::dequant_matmul(scheme, cx.out()?, x, at(mm.inputs[1])?, m, n, k, extra)
+}
+
+/// The one launch of a decode step's `Rope` (`cx.node`) with its cache
+/// writes.
+fn rope_cache<A: Addr>(cx: &Cx<'_, A>, f: &RopeCache) -> Result<Vec<Launch>, String> {
+    let Op::Rope {
+        head_dim,
+        n_rot,
+        theta,
+        style,
+    } = &cx.node.op
+    else {
+        return Err("a rope-and-cache launch on a node that is not a Rope".into());
+    };
+    let w = cx.shape(0).last_dim();
+    if *head_dim == 0 || !w.is_multiple_of(*head_dim) || *n_rot > *head_dim || n_rot % 2 != 0 {
+        return Err(format!(
+            "x {}: expected heads of {head_dim} and an even n_rot <= head_dim (n_rot {n_rot})",
+            cx.shape(0)
+        ));
+    }
+    let g = cx.graph;
+    let at = |id: NodeId| {
+        cx.addr
+            .addr(id)
+            .ok_or_else(|| format!("cache write input (node {id}) has no device address"))
+    };
+    // (cache address, [1, ctx, d] dims, node id) of a write.
+    let cache = |id: NodeId| -> Result<(u64, usize, usize, i32), String> {
+        let c = g.node(g.node(id).inputs[0]);
+        let node = int(cx.addr.graph_id(id).index(), "node")?;
+        Ok((at(c.id)?, c.shape.dims[1], c.shape.dims[2], node))
+    };
+    let (k, col) = f.k;
+    let (c0, ctx0, d0, node0) = cache(k)?;
+    if col + d0 > w {
+        return Err(format!(
+            "cache rows {col}..{} outside the roped row of {w}",
+            col + d0
+        ));
+    }
+    let (c1, s1, ctx1, d1, node1) = match f.v {
+        Some(v) => {
+            let (c, ctx, d, node) = cache(v)?;
+            (c, at(g.node(v).inputs[1])?, ctx, d, node)
+        }
+        None => (0, 0, 0, 0, 0),
+    };
+    let pos = g.node(cx.node.inputs[1]);
+    if !pos.shape.dtype.is_index() {
+        return Err(format!("positions {}: expected i32 or i64", pos.shape));
+    }
+    let threads = w.max(d1);
+    Ok(vec![Launch::Kernel {
+        name: "rope_cache_row",
+        grid: [threads.div_ceil(128) as u32, 1, 1],
+        block: 128,
+        args: vec![
+            Arg::P(cx.out()?),
+            Arg::P(cx.input(0)?),
+            Arg::P(cx.input(1)?),
+            Arg::I((pos.shape.dtype == DType::I64) as i32),
+            Arg::I(int(w, "row")?),
+            Arg::I(int(*head_dim, "head_dim")?),
+            Arg::I(int(*n_rot, "n_rot")?),
+            Arg::F(*theta),
+            Arg::I((*style == RopeStyle::GptJ) as i32),
+            Arg::P(c0),
+            Arg::I(int(col, "column")?),
+            Arg::I(int(d0, "width")?),
+            Arg::I(int(ctx0, "ctx")?),
+            Arg::I(node0),
+            Arg::P(c1),
+            Arg::P(s1),
+            Arg::I(int(d1, "width")?),
+            Arg::I(int(ctx1, "ctx")?),
+            Arg::I(node1),
+            Arg::Status,
+        ],
+    }])
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -157,3 +157,79 @@ fn smollm2_decode_logits_match_the_cpu_backend() {
     assert!(d <= 2e-3, "second prefill: logits differ by {d}");
     println!("decode logits vs CPU over 12 steps: max |diff| {worst:.2e}");
 }
+
+/// Largest `|a - b|` over two logit vectors, and the largest `|b|`.
+fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
+    assert_eq!(a.len(), b.len());
+    let d = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    (d, b.iter().map(|y| y.abs()).fold(0.0, f32::max))
+}
+
+/// SmolLM2's dimensions (4 of its 30 layers) with random weights in each
+/// packed scheme, no model file needed. In hybrid mode the decode step's
+/// GEMVs absorb the RmsNorms, the SwiGLU and the residual Adds, and each
+/// layer's Rope does both cache writes; its logits must match CUDA thunks
+/// (one kernel per op) and the CPU backend at every step, for a prompt of
+/// 5 tokens (whose 5-row GEMVs fuse too) and 16 decode steps.
+#[test]
+fn fused_decode_steps_match_thunks_and_the_cpu_at_smollm2_dims() {
+    use rlx::ir::QuantScheme;
+    use rlx::models::llama::{LlamaConfig, LlamaWeights};
+    if let Err(why) = rlx::cuda::cuda_available() {
+        println!("skipped: no CUDA device ({why})");
+        return;
+    }
+    let mut cfg = LlamaConfig::smollm2_135m();
+    cfg.n_layers = 4;
+    for scheme in [QuantScheme::Q4_0, QuantScheme::Q4_1, QuantScheme::Q8_0] {
+        let weights = || LlamaWeights::synthetic(&cfg, scheme, QuantScheme::Q8_0, 11).unwrap();
+        let cuda = |hybrid| {
+            let opts = CudaOptions {
+                hybrid,
+                ..CudaOptions::default()
+            };
+            LlamaModel::from_weights_on(weights(), 40, LlamaDevice::Cuda(opts)).unwrap()
+        };
+        let (mut hy, mut th) = (cuda(true), cuda(false));
+        let mut cpu = LlamaModel::from_weights(weights(), 40, CpuOptions::default()).unwrap();
+        let prompt = [1u32, 17, 300, 5, 42];
+        let mut a = hy.prefill(&prompt).unwrap();
+        let mut b = th.prefill(&prompt).unwrap();
+        let mut c = cpu.prefill(&prompt).unwrap();
+        let (mut worst_th, mut worst_cpu) = (0.0f32, 0.0f32);
+        for step in 0..=16 {
+            let (d_th, scale) = max_diff(&a, &b);
+            let (d_cpu, _) = max_diff(&a, &c);
+            let tol = 1e-4 * scale.max(1.0);
+            assert!(
+                d_th <= tol && d_cpu <= 2.0 * tol,
+                "{} step {step}: hybrid vs thunks {d_th}, vs cpu {d_cpu} (logits up to {scale})",
+                scheme.name()
+            );
+            worst_th = worst_th.max(d_th / scale.max(1.0));
+            worst_cpu = worst_cpu.max(d_cpu / scale.max(1.0));
+            if step == 16 {
+                break;
+            }
+            let id = argmax(&c);
+            a = hy.decode(id).unwrap();
+            b = th.decode(id).unwrap();
+            c = cpu.decode(id).unwrap();
+        }
+        let ops = hy.decode_device_ops().expect("device ops after decoding");
+        let ops_th = th.decode_device_ops().expect("device ops after decoding");
+        println!(
+            "{}: hybrid vs thunks max rel {worst_th:.1e}, vs cpu {worst_cpu:.1e}; \
+             decode step {ops} device ops in one graph (thunks {ops_th})",
+            scheme.name()
+        );
+        // Embedding gather, per layer 6 (norm+qkv, rope+writes, attention,
+        // o+residual, norm+gate_up, swiglu+down+residual), norm+head.
+        assert_eq!(ops, 1 + 6 * cfg.n_layers + 1, "fused decode step");
+        assert_eq!(ops_th, 1 + 13 * cfg.n_layers + 2, "one kernel per op");
+    }
+}

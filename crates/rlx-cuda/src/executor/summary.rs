@@ -27,6 +27,16 @@ pub struct CudaPlan {
     pub fused_chains: usize,
     /// Nodes inside fused chains.
     pub fused_nodes: usize,
+    /// Quantized GEMVs that absorbed their RmsNorm / SwiGLU prologue or
+    /// bias / residual Add (hybrid segments only).
+    pub fused_gemvs: usize,
+    /// Nodes absorbed by those GEMVs (the GEMVs not counted).
+    pub gemv_absorbed: usize,
+    /// One-row `Rope`s whose launch also does KV-cache writes, and the
+    /// `CacheWrite`s they do.
+    pub fused_ropes: usize,
+    /// `CacheWrite`s done by those ropes.
+    pub rope_writes: usize,
 }
 
 /// Plan `graph` for CUDA as [`CudaModel::compile`](super::CudaModel::compile)
@@ -43,10 +53,23 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
         folded += s.folded as usize;
     }
     let (mut fused_chains, mut fused_nodes) = (0, 0);
+    let (mut fused_gemvs, mut gemv_absorbed) = (0, 0);
+    let (mut fused_ropes, mut rope_writes) = (0, 0);
     for c in core.chains.iter().flat_map(|m| m.values()) {
-        if let crate::fuse::Fusion::Root(ch) = c {
-            fused_chains += 1;
-            fused_nodes += ch.nodes.len();
+        match c {
+            crate::fuse::Fusion::Root(ch) => {
+                fused_chains += 1;
+                fused_nodes += ch.nodes.len();
+            }
+            crate::fuse::Fusion::Gemv(f) => {
+                fused_gemvs += 1;
+                gemv_absorbed += f.nodes.len() - 1;
+            }
+            crate::fuse::Fusion::RopeCache(f) => {
+                fused_ropes += 1;
+                rope_writes += 1 + f.v.is_some() as usize;
+            }
+            _ => {}
         }
     }
     Ok(CudaPlan {
@@ -61,5 +84,9 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
         folded_narrows: folded,
         fused_chains,
         fused_nodes,
+        fused_gemvs,
+        gemv_absorbed,
+        fused_ropes,
+        rope_writes,
     })
 }
