@@ -986,3 +986,93 @@ fn run_compiled_helper_works_on_cuda() {
         assert_close(x, y, 1e-5, "qkv");
     }
 }
+
+/// A decode step's rope and cache writes (one launch in hybrid mode: the
+/// Rope does both writes) match the CPU backend in thunks and hybrid; a
+/// position past the cache is a typed error naming the CacheWrite in both
+/// modes, and the model still runs afterwards.
+#[test]
+fn decode_rope_with_cache_writes_matches_and_reports_bad_positions() {
+    let mut g = Graph::new("rope_cache");
+    let qkv = g.input("qkv", f(&[1, 1, 32]));
+    let pos = g.input("pos", Shape::new(&[1], DType::I64));
+    let keep = g.input("keep", f(&[1, 8]));
+    let narrow = |g: &mut Graph, x: NodeId, start: usize, len: usize| {
+        g.push(
+            Op::Narrow {
+                axis: 2,
+                start,
+                len,
+            },
+            vec![x],
+        )
+        .unwrap()
+    };
+    let v = narrow(&mut g, qkv, 24, 8);
+    let qk = narrow(&mut g, qkv, 0, 24);
+    let rope = Op::Rope {
+        head_dim: 8,
+        n_rot: 8,
+        theta: 10000.0,
+        style: RopeStyle::GptJ,
+    };
+    let r = g.push(rope, vec![qk, pos]).unwrap();
+    let q = narrow(&mut g, r, 0, 16);
+    let k = narrow(&mut g, r, 16, 8);
+    let ck = g.param("cache.k", f(&[1, 8, 8]));
+    let cv = g.param("cache.v", f(&[1, 8, 8]));
+    let wk = g
+        .push(Op::CacheWrite { axis: 1 }, vec![ck, k, pos])
+        .unwrap();
+    let wv = g
+        .push(Op::CacheWrite { axis: 1 }, vec![cv, v, pos])
+        .unwrap();
+    let op = Op::Attention {
+        num_heads: 2,
+        head_dim: 8,
+        mask_kind: MaskKind::Custom,
+        score_scale: None,
+        attn_logit_softcap: None,
+    };
+    let a = g.push(op, vec![q, wk, wv, keep]).unwrap();
+    g.set_outputs(vec![a, r]);
+    g.verify().unwrap();
+    // The plan needs no device.
+    let opts = rlx::cuda::CudaOptions {
+        hybrid: true,
+        ..Default::default()
+    };
+    let plan = rlx::cuda::plan(g.clone(), &opts).unwrap();
+    assert_eq!((plan.fused_ropes, plan.rope_writes), (1, 2), "{plan:?}");
+    if !cuda_or_skip() {
+        return;
+    }
+    check(&g, 77, 2e-5);
+    for mode in [ExecMode::Thunks, ExecMode::Hybrid] {
+        let mut m = Session::new(Device::Cuda(0))
+            .mode(mode)
+            .compile(g.clone())
+            .unwrap();
+        m.set_param("cache.k", &[0.0; 64]).unwrap();
+        m.set_param("cache.v", &[0.0; 64]).unwrap();
+        let (x, mask) = (vec![0.5f32; 32], vec![1.0f32; 8]);
+        let run = |m: &mut rlx::CompiledModel, p: i64| {
+            m.run_typed(&[
+                ("qkv", rlx::TensorRef::F32(&x)),
+                ("pos", rlx::TensorRef::I64(&[p])),
+                ("keep", rlx::TensorRef::F32(&mask)),
+            ])
+            .map_err(|e| e.to_string())
+        };
+        let err = run(&mut m, 8).unwrap_err();
+        assert!(
+            err.contains(&wk.to_string()) || err.contains(&wv.to_string()),
+            "{mode:?}: {err}"
+        );
+        assert!(
+            err.contains("CacheWrite") && err.contains("does not fit"),
+            "{mode:?}: {err}"
+        );
+        assert!(run(&mut m, 7).is_ok(), "{mode:?}: runs after the error");
+    }
+}
