@@ -433,6 +433,15 @@ pub(crate) fn dequant_matmul(
             bytes: m * n * 4,
         }]);
     }
+    // Both kernels start with these; the GEMV adds its fused work.
+    let mut args = vec![
+        Arg::P(y),
+        Arg::P(x),
+        Arg::P(w),
+        Arg::I(mi),
+        Arg::I(ni),
+        Arg::I(ki),
+    ];
     if m == 1 || !extra.plain() {
         let (pro, gamma, eps) = match extra.pro {
             Prologue::None => (0, 0, 0.0),
@@ -440,23 +449,18 @@ pub(crate) fn dequant_matmul(
             Prologue::SwiGlu => (2, 0, 0.0),
         };
         let (name, per_warp) = if n >= WIDE_N { (gemv4, 4) } else { (gemv, 1) };
+        args.extend([
+            Arg::I(pro),
+            Arg::P(gamma),
+            Arg::F(eps),
+            Arg::P(extra.add),
+            Arg::L(extra.add_n.max(1) as i64),
+        ]);
         return Ok(vec![Launch::Kernel {
             name,
             grid: [int(n.div_ceil(4 * per_warp), "N / 4")? as u32, m as u32, 1],
             block: 128,
-            args: vec![
-                Arg::P(y),
-                Arg::P(x),
-                Arg::P(w),
-                Arg::I(mi),
-                Arg::I(ni),
-                Arg::I(ki),
-                Arg::I(pro),
-                Arg::P(gamma),
-                Arg::F(eps),
-                Arg::P(extra.add),
-                Arg::L(extra.add_n.max(1) as i64),
-            ],
+            args,
         }]);
     }
     if m.div_ceil(32) > 65535 {
@@ -470,14 +474,7 @@ pub(crate) fn dequant_matmul(
             1,
         ],
         block: 256,
-        args: vec![
-            Arg::P(y),
-            Arg::P(x),
-            Arg::P(w),
-            Arg::I(mi),
-            Arg::I(ni),
-            Arg::I(ki),
-        ],
+        args,
     }])
 }
 
