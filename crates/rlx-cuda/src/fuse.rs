@@ -46,6 +46,8 @@ pub(crate) enum Fusion {
     Gemv(Arc<crate::fuse_gemv::GemvFusion>),
     /// A one-row `Rope` whose launch also does cache writes.
     RopeCache(Arc<crate::fuse_cache::RopeCache>),
+    /// A `Reduce` that applies its input's `Binary` per element.
+    Reduce(Arc<crate::fuse_reduce::ReducePrologue>),
     /// Done by an earlier node's launch (a `RopeCache`'s writes): no
     /// launch, but its place in the schedule stays.
     Done,
@@ -125,6 +127,10 @@ pub(crate) fn find_chains(g: &Graph, claimed: &HashSet<NodeId>) -> HashMap<NodeI
 pub(crate) fn find_fusions(g: &Graph, store: impl Fn(NodeId) -> Store) -> HashMap<NodeId, Fusion> {
     let mut m = crate::fuse_gemv::find_gemv(g, &store);
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
+    m.extend(crate::fuse_reduce::find_reduce_prologues(
+        g, &claimed, &store,
+    ));
+    let claimed: HashSet<NodeId> = m.keys().copied().collect();
     m.extend(find_chains(g, &claimed));
     let ropes = crate::fuse_cache::find_rope_cache(g, &m, &store);
     m.extend(ropes);
@@ -160,6 +166,7 @@ pub(crate) fn fused_ticks(g: &Graph, fusions: &HashMap<NodeId, Fusion>) -> Vec<T
             Some(Fusion::Interior) => None,
             Some(Fusion::Root(c)) => Some(group(&c.nodes)),
             Some(Fusion::Gemv(f)) => Some(group(&f.nodes)),
+            Some(Fusion::Reduce(f)) => Some(group(&f.nodes)),
         })
         .collect()
 }

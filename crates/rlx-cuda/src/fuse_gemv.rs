@@ -191,6 +191,7 @@ mod tests {
                 Some(Fusion::Root(_)) => "chain",
                 Some(Fusion::Gemv(_)) => "gemv",
                 Some(Fusion::RopeCache(_) | Fusion::Done) => "rope",
+                Some(Fusion::Reduce(_)) => "reduce",
             })
             .collect()
     }

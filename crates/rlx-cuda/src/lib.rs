@@ -27,6 +27,7 @@ mod executor;
 mod fuse;
 mod fuse_cache;
 mod fuse_gemv;
+mod fuse_reduce;
 mod kernels;
 mod kv;
 mod lower;

@@ -400,6 +400,7 @@ pub(crate) fn lower(
         Fusion::Interior => return Ok(vec![]),
         Fusion::Gemv(f) => return gemv_group(&cx, &f),
         Fusion::RopeCache(f) => return rope_cache(&cx, &f),
+        Fusion::Reduce(f) => return reduce(&mut cx, Some(&f)),
         Fusion::Done => return Ok(vec![]),
         Fusion::Root(c) => {
             let n = out_shape.numel();
@@ -918,53 +919,7 @@ pub(crate) fn lower(
                 args,
             }])
         }
-        Op::Reduce { op, axes, .. } => {
-            cx.f32_in(0)?;
-            let src = cx.shape(0).clone();
-            let st = src.strides();
-            let (mut kd, mut ks, mut rd, mut rs) = (vec![], vec![], vec![], vec![]);
-            for (i, &d) in src.dims.iter().enumerate() {
-                if axes.contains(&i) {
-                    rd.push(int(d, "dim")?);
-                    rs.push(int(st[i], "stride")?);
-                } else {
-                    kd.push(int(d, "dim")?);
-                    ks.push(int(st[i], "stride")?);
-                }
-            }
-            if n == 0 {
-                return Ok(vec![]);
-            }
-            let mut m = vec![kd.len() as i32];
-            m.extend(&kd);
-            m.extend(&ks);
-            m.push(rd.len() as i32);
-            m.extend(&rd);
-            m.extend(&rs);
-            let at = cx.push_meta(&m);
-            let code = match op {
-                ReduceOp::Sum => 0,
-                ReduceOp::Mean => 1,
-                ReduceOp::Max => 2,
-                ReduceOp::Min => 3,
-            };
-            // One warp per output: the lanes share the reduced elements
-            // (a thread per output serializes their loads).
-            Ok(vec![Launch::Kernel {
-                name: "reduce_warp_x",
-                grid: [n.div_ceil(4) as u32, 1, 1],
-                block: 128,
-                args: vec![
-                    Arg::P(cx.out()?),
-                    Arg::P(cx.input(0)?),
-                    Arg::L(n as i64),
-                    Arg::Meta(at),
-                    Arg::I(code),
-                    Arg::I(cx.dt_out().code()),
-                    Arg::I(cx.dt_in(0).code()),
-                ],
-            }])
-        }
+        Op::Reduce { .. } => reduce(&mut cx, None),
         Op::DequantMatMul {
             scheme,
             activations,
@@ -1118,6 +1073,103 @@ fn copy_rows(
 }
 
 /// The one launch of a fused GEMV group, at its root (`cx.node`).
+/// A `Reduce`, optionally applying its input's `Binary` per element (the
+/// binary's operands read through broadcast strides).
+fn reduce<A: Addr>(
+    cx: &mut Cx<'_, A>,
+    prologue: Option<&crate::fuse_reduce::ReducePrologue>,
+) -> Result<Vec<Launch>, String> {
+    let Op::Reduce { op, axes, .. } = &cx.node.op else {
+        return Err(format!("node {} is not a Reduce", cx.node.id));
+    };
+    cx.f32_in(0)?;
+    let src = cx.shape(0).clone();
+    let n = cx.node.shape.numel();
+    if n == 0 {
+        return Ok(vec![]);
+    }
+    let (x, y, tx, ty, bop, sx, sy) = match prologue {
+        None => {
+            let st: Vec<i32> = src.strides().iter().map(|&s| s as i32).collect();
+            let zero = vec![0; st.len()];
+            (cx.input(0)?, 0, cx.dt_in(0), Dt::F32, 0, st, zero)
+        }
+        Some(f) => {
+            let b = cx.graph.node(f.binary);
+            let at = |id: NodeId| {
+                cx.addr.addr(id).ok_or_else(|| {
+                    format!("reduce prologue input (node {id}) has no device address")
+                })
+            };
+            let (a, c) = (b.inputs[0], b.inputs[1]);
+            let dims = |id: NodeId| cx.graph.node(id).shape.dims.clone();
+            (
+                at(a)?,
+                at(c)?,
+                cx.addr.store(a).dt,
+                cx.addr.store(c).dt,
+                bin_code(f.op),
+                bcast_strides(&dims(a), &src.dims),
+                bcast_strides(&dims(c), &src.dims),
+            )
+        }
+    };
+    let (mut kd, mut ks, mut ks2, mut rd, mut rs, mut rs2) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for (i, &d) in src.dims.iter().enumerate() {
+        if axes.contains(&i) {
+            rd.push(int(d, "dim")?);
+            rs.push(sx[i]);
+            rs2.push(sy[i]);
+        } else {
+            kd.push(int(d, "dim")?);
+            ks.push(sx[i]);
+            ks2.push(sy[i]);
+        }
+    }
+    let mut m = vec![kd.len() as i32];
+    m.extend(&kd);
+    m.extend(&ks);
+    m.extend(&ks2);
+    m.push(rd.len() as i32);
+    m.extend(&rd);
+    m.extend(&rs);
+    m.extend(&rs2);
+    let at = cx.push_meta(&m);
+    let code = match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Mean => 1,
+        ReduceOp::Max => 2,
+        ReduceOp::Min => 3,
+    };
+    // One warp per output: the lanes share the reduced elements (a thread
+    // per output serializes their loads). A few outputs over many elements
+    // take a block each.
+    let count = src.numel() / n;
+    let (name, grid, block) = if n < 64 && count >= 256 {
+        ("reduce_block_x", n as u32, 256)
+    } else {
+        ("reduce_warp_x", n.div_ceil(4) as u32, 128)
+    };
+    Ok(vec![Launch::Kernel {
+        name,
+        grid: [grid, 1, 1],
+        block,
+        args: vec![
+            Arg::P(cx.out()?),
+            Arg::P(x),
+            Arg::P(y),
+            Arg::L(n as i64),
+            Arg::Meta(at),
+            Arg::I(code),
+            Arg::I(bop),
+            Arg::I(cx.dt_out().code()),
+            Arg::I(tx.code()),
+            Arg::I(ty.code()),
+        ],
+    }])
+}
+
 fn gemv_group<A: Addr>(cx: &Cx<'_, A>, f: &GemvFusion) -> Result<Vec<Launch>, String> {
     let g = cx.graph;
     let mm = g.node(f.matmul);
@@ -1268,12 +1320,26 @@ fn norm<A: Addr>(
         Arg::F(eps),
         Arg::I(rms as i32),
     ];
-    // The mixed kernel reads each row once (the f32 one three times); with
-    // f32 codes it computes the same sums in the same order.
     args.extend(types.iter().map(|t| Arg::I(t.code())));
-    let name = "norm_rows_x";
+    // Rows of up to 1024 values: one warp per row, four rows per block.
+    let per_lane = d.div_ceil(32).next_power_of_two().max(4);
+    let warp_kernel = match per_lane {
+        4 => Some("norm_warp_x4"),
+        8 => Some("norm_warp_x8"),
+        16 => Some("norm_warp_x16"),
+        32 => Some("norm_warp_x32"),
+        _ => None,
+    };
+    if let Some(name) = warp_kernel {
+        return Ok(vec![Launch::Kernel {
+            name,
+            grid: [rows.div_ceil(4) as u32, 1, 1],
+            block: 128,
+            args,
+        }]);
+    }
     Ok(vec![Launch::Kernel {
-        name,
+        name: "norm_rows_x",
         grid: [int(rows, "rows")? as u32, 1, 1],
         block: 32 * warps as u32,
         args,

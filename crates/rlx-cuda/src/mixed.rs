@@ -15,9 +15,13 @@ pub const KERNELS: &[&str] = &[
     "activation_x",
     "bias_act_x",
     "norm_rows_x",
+    "norm_warp_x4",
+    "norm_warp_x8",
+    "norm_warp_x16",
+    "norm_warp_x32",
     "gather_x",
-    "reduce_x",
     "reduce_warp_x",
+    "reduce_block_x",
     "softmax_x",
     "strided_copy2",
     "attention_x_d32",
@@ -55,14 +59,14 @@ pub(crate) fn attention_tc_kernel(
     })
 }
 
-/// Warps per block of the tensor-core attention (16 query rows each): one
-/// for small problems (more blocks to spread), else four. Before sm_80 the
-/// fallback needs four.
+/// Warps per block of the tensor-core attention (16 query rows each; the
+/// block's warps share each staged K/V chunk): two for small problems (more
+/// blocks to spread), else four.
 pub(crate) fn attention_tc_warps(batch_heads: usize, sq: usize) -> usize {
     if batch_heads * sq.div_ceil(64) >= 256 {
         4
     } else {
-        1
+        2
     }
 }
 
@@ -325,11 +329,14 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, const unsi
 #endif
 
 // Flash attention on tensor cores: q, k, v all 16-bit of type T, head dim D
-// (32 or 64), f32 scores, online softmax and accumulation. Each warp owns 16
-// query rows and walks the keys 16 at a time: S = Q K^T and O += P V with
-// mma.m16n8k16 (P rounded to T). mkind: 0 none, 3 keep-mask f32, 4 keep u8.
-// grid (ceil(Sq / (16 W)), Hq, B) with W = 1 or 4 warps per block. Before
-// sm_80 the CUDA-core kernel runs instead (16 rows per warp, 4 warps).
+// (32 or 64), f32 scores, online softmax and accumulation. The block's warps
+// share one (batch, head): each chunk of KC keys of K and V (and the chunk's
+// keep-mask) is staged in shared memory with 16-byte loads, zero-filled past
+// S_k, then each warp walks its 16 query rows over the chunk 16 keys at a
+// time: S = Q K^T and O += P V with mma.m16n8k16 (P rounded to T; the V
+// fragments come from ldmatrix.trans). mkind: 0 none, 3 keep-mask f32, 4 keep
+// u8. grid (ceil(Sq / (16 W)), Hq, B) with W = 1, 2 or 4 warps per block.
+// Before sm_80 the CUDA-core kernel runs instead (16 rows per warp, 4 warps).
 template <int D, int T>
 __device__ __forceinline__ void attention_tc_body(
     const void* q, const void* k, const void* v, void* out,
@@ -337,13 +344,18 @@ __device__ __forceinline__ void attention_tc_body(
     float scale, float softcap, int mkind, int window, const void* mask,
     int b0, int b1, int b2, int b3, int tq, int tk, int tv, int to) {
 #if __CUDA_ARCH__ >= 800
+    constexpr int KC = D == 32 ? 128 : 64;
+    constexpr int LD = D + 8;  // padded rows: conflict-free fragment reads
+    __shared__ __align__(16) unsigned short sk[KC * LD];
+    __shared__ __align__(16) unsigned short sv[KC * LD];
+    __shared__ float skeep[KC];
     const unsigned short* Q = (const unsigned short*)q;
     const unsigned short* K = (const unsigned short*)k;
     const unsigned short* V = (const unsigned short*)v;
     int b = blockIdx.z, h = blockIdx.y, hk = h / (Hq / Hkv);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tc = lane & 3;
     int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * 16;
-    if (row0 >= Sq) return;
+    bool active = row0 < Sq;  // no early return: every warp stages and syncs
     int ra = row0 + g, rb = row0 + g + 8;
     long long qa_off = ((long long)b * Sq + ra) * qs + h * D;
     long long qb_off = ((long long)b * Sq + rb) * qs + h * D;
@@ -361,74 +373,124 @@ __device__ __forceinline__ void attention_tc_body(
     for (int nt = 0; nt < D / 8; ++nt) { o[nt][0] = 0.0f; o[nt][1] = 0.0f; o[nt][2] = 0.0f; o[nt][3] = 0.0f; }
     float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
     long long kbase = (long long)b * Sk;
-    for (int t0 = 0; t0 < Sk; t0 += 16) {
-        float s[2][4];
-        #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            s[j][0] = 0.0f; s[j][1] = 0.0f; s[j][2] = 0.0f; s[j][3] = 0.0f;
-            int key = t0 + j * 8 + g;
-            long long koff = (kbase + key) * ks + hk * D;
+    const unsigned short* Kh = K + hk * D;
+    const unsigned short* Vh = V + hk * D;
+    // 16-byte staging loads need 16-byte aligned rows; else 4-byte words.
+    bool vec = ((ks | vs) & 7) == 0 && ((((size_t)Kh) | ((size_t)Vh)) & 15) == 0;
+    for (int c0 = 0; c0 < Sk; c0 += KC) {
+        int n = min(KC, Sk - c0);
+        __syncthreads();  // the previous chunk is no longer read
+        // Eight 16-byte vectors of K and of V per thread in flight at once,
+        // then their stores.
+        for (int i0 = 0; i0 < KC * (D / 8); i0 += 8 * blockDim.x) {
+            uint4 kx[8], vx[8];
             #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                unsigned bf[2];
-                bf[0] = key < Sk ? *(const unsigned*)(K + koff + kk * 16 + tc * 2) : 0u;
-                bf[1] = key < Sk ? *(const unsigned*)(K + koff + kk * 16 + 8 + tc * 2) : 0u;
-                mma16816<T>(s[j], qa[kk], bf);
+            for (int u = 0; u < 8; ++u) {
+                int i = i0 + u * blockDim.x + threadIdx.x;
+                int r = i / (D / 8), c = (i % (D / 8)) * 8;
+                kx[u] = make_uint4(0u, 0u, 0u, 0u);
+                vx[u] = kx[u];
+                if (i < KC * (D / 8) && r < n) {
+                    const unsigned short* kp = Kh + (kbase + c0 + r) * ks + c;
+                    const unsigned short* vp = Vh + (kbase + c0 + r) * vs + c;
+                    if (vec) {
+                        kx[u] = *(const uint4*)kp;
+                        vx[u] = *(const uint4*)vp;
+                    } else {
+                        const unsigned* kw = (const unsigned*)kp;
+                        const unsigned* vw = (const unsigned*)vp;
+                        kx[u] = make_uint4(kw[0], kw[1], kw[2], kw[3]);
+                        vx[u] = make_uint4(vw[0], vw[1], vw[2], vw[3]);
+                    }
+                }
+            }
+            #pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                int i = i0 + u * blockDim.x + threadIdx.x;
+                if (i < KC * (D / 8)) {
+                    int r = i / (D / 8), c = (i % (D / 8)) * 8;
+                    *(uint4*)(sk + r * LD + c) = kx[u];
+                    *(uint4*)(sv + r * LD + c) = vx[u];
+                }
             }
         }
-        float mxa = NEG_INF, mxb = NEG_INF;
-        #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                int key = t0 + j * 8 + tc * 2 + e;
-                bool ok = key < Sk;
-                if (ok && mkind == 3) ok = ((const float*)mask)[kbase + key] != 0.0f;
-                if (ok && mkind == 4) ok = ((const unsigned char*)mask)[kbase + key] != 0;
-                float va = ok ? s[j][e] * scale : NEG_INF;
-                float vb = ok ? s[j][2 + e] * scale : NEG_INF;
-                s[j][e] = va;
-                s[j][2 + e] = vb;
-                mxa = fmaxf(mxa, va);
-                mxb = fmaxf(mxb, vb);
-            }
+        for (int i = threadIdx.x; i < KC; i += blockDim.x) {
+            bool ok = i < n;
+            if (ok && mkind == 3) ok = ((const float*)mask)[kbase + c0 + i] != 0.0f;
+            if (ok && mkind == 4) ok = ((const unsigned char*)mask)[kbase + c0 + i] != 0;
+            skeep[i] = ok ? 1.0f : 0.0f;
         }
-        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
-        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
-        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
-        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
-        float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
-        float ca = (ma == NEG_INF) ? 0.0f : expf(ma - na);
-        float cb = (mb == NEG_INF) ? 0.0f : expf(mb - nb);
-        float p[2][4];
-        #pragma unroll
-        for (int j = 0; j < 2; ++j) {
+        __syncthreads();
+        if (!active) continue;
+        for (int t0 = 0; t0 < n; t0 += 16) {
+            float s[2][4];
             #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                p[j][e] = s[j][e] == NEG_INF ? 0.0f : expf(s[j][e] - na);
-                p[j][2 + e] = s[j][2 + e] == NEG_INF ? 0.0f : expf(s[j][2 + e] - nb);
+            for (int j = 0; j < 2; ++j) {
+                s[j][0] = 0.0f; s[j][1] = 0.0f; s[j][2] = 0.0f; s[j][3] = 0.0f;
+                const unsigned short* kr = sk + (t0 + j * 8 + g) * LD + tc * 2;
+                #pragma unroll
+                for (int kk = 0; kk < D / 16; ++kk) {
+                    unsigned bf[2] = {*(const unsigned*)(kr + kk * 16),
+                                      *(const unsigned*)(kr + kk * 16 + 8)};
+                    mma16816<T>(s[j], qa[kk], bf);
+                }
             }
-        }
-        la = la * ca + p[0][0] + p[0][1] + p[1][0] + p[1][1];
-        lb = lb * cb + p[0][2] + p[0][3] + p[1][2] + p[1][3];
-        ma = na;
-        mb = nb;
-        #pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt) { o[nt][0] *= ca; o[nt][1] *= ca; o[nt][2] *= cb; o[nt][3] *= cb; }
-        unsigned pa[4] = {pack2<T>(p[0][0], p[0][1]), pack2<T>(p[0][2], p[0][3]),
-                          pack2<T>(p[1][0], p[1][1]), pack2<T>(p[1][2], p[1][3])};
-        int k0 = t0 + tc * 2;
-        #pragma unroll
-        for (int nt = 0; nt < D / 8; ++nt) {
-            int d = hk * D + nt * 8 + g;
-            unsigned short v0 = k0 < Sk ? V[(kbase + k0) * vs + d] : (unsigned short)0;
-            unsigned short v1 = k0 + 1 < Sk ? V[(kbase + k0 + 1) * vs + d] : (unsigned short)0;
-            unsigned short v2 = k0 + 8 < Sk ? V[(kbase + k0 + 8) * vs + d] : (unsigned short)0;
-            unsigned short v3 = k0 + 9 < Sk ? V[(kbase + k0 + 9) * vs + d] : (unsigned short)0;
-            unsigned vb[2] = {(unsigned)v0 | ((unsigned)v1 << 16), (unsigned)v2 | ((unsigned)v3 << 16)};
-            mma16816<T>(o[nt], pa, vb);
+            float mxa = NEG_INF, mxb = NEG_INF;
+            #pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                #pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    bool ok = skeep[t0 + j * 8 + tc * 2 + e] != 0.0f;
+                    float va = ok ? s[j][e] * scale : NEG_INF;
+                    float vb = ok ? s[j][2 + e] * scale : NEG_INF;
+                    s[j][e] = va;
+                    s[j][2 + e] = vb;
+                    mxa = fmaxf(mxa, va);
+                    mxb = fmaxf(mxb, vb);
+                }
+            }
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+            float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
+            float ca = (ma == NEG_INF) ? 0.0f : expf(ma - na);
+            float cb = (mb == NEG_INF) ? 0.0f : expf(mb - nb);
+            float p[2][4];
+            #pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                #pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    p[j][e] = s[j][e] == NEG_INF ? 0.0f : expf(s[j][e] - na);
+                    p[j][2 + e] = s[j][2 + e] == NEG_INF ? 0.0f : expf(s[j][2 + e] - nb);
+                }
+            }
+            la = la * ca + p[0][0] + p[0][1] + p[1][0] + p[1][1];
+            lb = lb * cb + p[0][2] + p[0][3] + p[1][2] + p[1][3];
+            ma = na;
+            mb = nb;
+            #pragma unroll
+            for (int nt = 0; nt < D / 8; ++nt) { o[nt][0] *= ca; o[nt][1] *= ca; o[nt][2] *= cb; o[nt][3] *= cb; }
+            unsigned pa[4] = {pack2<T>(p[0][0], p[0][1]), pack2<T>(p[0][2], p[0][3]),
+                              pack2<T>(p[1][0], p[1][1]), pack2<T>(p[1][2], p[1][3])};
+            // ldmatrix.x4.trans: lanes 8m..8m+7 address matrix m's rows (keys
+            // t0 + (m & 1) * 8 + r, dims (nt + m / 2) * 8 ..), giving the B
+            // fragments of two 8-wide output tiles.
+            int mi = lane >> 3, r = lane & 7;
+            #pragma unroll
+            for (int nt = 0; nt < D / 8; nt += 2) {
+                const unsigned short* vr = sv + (t0 + (mi & 1) * 8 + r) * LD + (nt + (mi >> 1)) * 8;
+                unsigned addr = (unsigned)__cvta_generic_to_shared(vr);
+                unsigned vb[4];
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(vb[0]), "=r"(vb[1]), "=r"(vb[2]), "=r"(vb[3])
+                             : "r"(addr));
+                mma16816<T>(o[nt], pa, vb);
+                mma16816<T>(o[nt + 1], pa, vb + 2);
+            }
         }
     }
+    if (!active) return;
     la += __shfl_xor_sync(0xffffffffu, la, 1);
     la += __shfl_xor_sync(0xffffffffu, la, 2);
     lb += __shfl_xor_sync(0xffffffffu, lb, 1);
@@ -588,6 +650,75 @@ __global__ void norm_rows_x(void* out, const void* x, const void* res, const voi
     }
 }
 
+} // extern "C"
+
+// One warp per row (rows of at most 32 * VPL values, each lane keeping
+// VPL of them in registers; the row's gamma and beta are loaded with it),
+// blockDim / 32 rows per block; arguments as norm_rows_x. Warp shuffles
+// only: no shared memory, no block barrier.
+template <int VPL>
+__device__ __forceinline__ void norm_warp_body(
+    void* out, const void* x, const void* res, const void* bias, const void* gamma,
+    const void* beta, int rows, int d, float eps, int rms, int to, int tx, int tr,
+    int tbias, int tg, int tbeta) {
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    long long base = (long long)row * d;
+    float vals[VPL], gm[VPL], bt[VPL];
+    #pragma unroll
+    for (int i = 0; i < VPL; ++i) {
+        int c = lane + 32 * i;
+        float v = 0.0f, gv = 0.0f, bv = 0.0f;
+        if (c < d) {
+            v = ldx(x, base + c, tx);
+            if (res) v += ldx(res, base + c, tr);
+            if (bias) v += ldx(bias, c, tbias);
+            gv = ldx(gamma, c, tg);
+            if (!rms && beta) bv = ldx(beta, c, tbeta);
+        }
+        vals[i] = v;
+        gm[i] = gv;
+        bt[i] = bv;
+    }
+    float s = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < VPL; ++i) s += rms ? vals[i] * vals[i] : vals[i];
+    s = warp_sum(s);
+    float inv, mean = 0.0f;
+    if (rms) {
+        inv = 1.0f / sqrtf(s / (float)d + eps);
+    } else {
+        mean = s / (float)d;
+        float q = 0.0f;
+        #pragma unroll
+        for (int i = 0; i < VPL; ++i) {
+            float t = vals[i] - mean;
+            if (lane + 32 * i < d) q += t * t;
+        }
+        q = warp_sum(q);
+        inv = 1.0f / sqrtf(q / (float)d + eps);
+    }
+    #pragma unroll
+    for (int i = 0; i < VPL; ++i) {
+        int c = lane + 32 * i;
+        if (c < d) stx(out, base + c, to, (vals[i] - mean) * inv * gm[i] + bt[i]);
+    }
+}
+
+#define NORM_WARP(NAME, VPL)                                                             \
+__global__ void __launch_bounds__(128) NAME(                                            \
+    void* out, const void* x, const void* res, const void* bias, const void* gamma,     \
+    const void* beta, int rows, int d, float eps, int rms, int to, int tx, int tr,      \
+    int tbias, int tg, int tbeta) {                                                     \
+    norm_warp_body<VPL>(out, x, res, bias, gamma, beta, rows, d, eps, rms, to, tx, tr,  \
+                        tbias, tg, tbeta);                                              \
+}
+extern "C" {
+NORM_WARP(norm_warp_x4, 4)
+NORM_WARP(norm_warp_x8, 8)
+NORM_WARP(norm_warp_x16, 16)
+NORM_WARP(norm_warp_x32, 32)
+
 // Row lookup with conversion. ids are i64 (idx64 = 1) or i32.
 __global__ void gather_x(void* out, const void* table, const void* ids, long long n_ids,
                          int row, long long vocab, int idx64, int* status, int node,
@@ -608,91 +739,129 @@ __global__ void gather_x(void* out, const void* table, const void* ids, long lon
     }
 }
 
-// meta: nk, kdims[nk], kstrides[nk], nr, rdims[nr], rstrides[nr]. op: 0 sum, 1 mean, 2 max, 3 min.
-__global__ void reduce_x(void* out, const void* x, long long n_out, const int* meta, int op,
-                         int to, int tx) {
-    int nk = meta[0];
-    const int* kd = meta + 1;
-    const int* ks = kd + nk;
-    int nr = ks[nk];
-    const int* rd = ks + nk + 1;
-    const int* rs = rd + nr;
-    long long cnt = 1;
-    for (int d = 0; d < nr; ++d) cnt *= rd[d];
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long stride = (long long)gridDim.x * blockDim.x;
-    for (; i < n_out; i += stride) {
-        long long r = i, base = 0;
-        for (int d = nk - 1; d >= 0; --d) {
-            long long c = r % kd[d];
-            r /= kd[d];
-            base += c * ks[d];
-        }
-        float acc = (op == 2) ? NEG_INF : (op == 3 ? -NEG_INF : 0.0f);
-        bool nan = false;
-        for (long long j = 0; j < cnt; ++j) {
-            long long rr = j, o = base;
-            for (int d = nr - 1; d >= 0; --d) {
-                long long c = rr % rd[d];
-                rr /= rd[d];
-                o += c * rs[d];
-            }
-            float v = ldx(x, o, tx);
-            if (op <= 1) acc += v;
-            else {
-                if (v != v) nan = true;
-                acc = (op == 2) ? fmaxf(acc, v) : fminf(acc, v);
-            }
-        }
-        if (op == 1) acc /= (float)cnt;
-        if (nan) acc = QNAN;
-        stx(out, i, to, acc);
-    }
+} // extern "C"
+
+// Reductions. meta: nk, kdims[nk], kstrides[nk], kstrides_y[nk], nr,
+// rdims[nr], rstrides[nr], rstrides_y[nr] (kept axes, then reduced axes;
+// the y strides are those of the optional second operand). op: 0 sum,
+// 1 mean, 2 max, 3 min. With y non-null each element is
+// bin_apply(bop, x, y) (a fused Binary prologue), else x.
+struct RedMeta {
+    int nk, nr;
+    const int *kd, *ks, *ks2, *rd, *rs, *rs2;
+    long long cnt;
+};
+
+__device__ __forceinline__ RedMeta red_meta(const int* meta) {
+    RedMeta m;
+    m.nk = meta[0];
+    m.kd = meta + 1;
+    m.ks = m.kd + m.nk;
+    m.ks2 = m.ks + m.nk;
+    m.nr = m.ks2[m.nk];
+    m.rd = m.ks2 + m.nk + 1;
+    m.rs = m.rd + m.nr;
+    m.rs2 = m.rs + m.nr;
+    m.cnt = 1;
+    for (int d = 0; d < m.nr; ++d) m.cnt *= m.rd[d];
+    return m;
 }
 
+// The (x, y) offsets of kept index w.
+__device__ __forceinline__ void red_base(const RedMeta& m, long long w, long long* bx, long long* by) {
+    long long r = w, ox = 0, oy = 0;
+    for (int d = m.nk - 1; d >= 0; --d) {
+        long long c = r % m.kd[d];
+        r /= m.kd[d];
+        ox += c * m.ks[d];
+        oy += c * m.ks2[d];
+    }
+    *bx = ox;
+    *by = oy;
+}
+
+// Element j of the reduced range at base (bx, by).
+__device__ __forceinline__ float red_load(const RedMeta& m, const void* x, const void* y,
+                                          long long bx, long long by, long long j, int bop,
+                                          int tx, int ty) {
+    long long rr = j, ox = bx, oy = by;
+    for (int d = m.nr - 1; d >= 0; --d) {
+        long long c = rr % m.rd[d];
+        rr /= m.rd[d];
+        ox += c * m.rs[d];
+        oy += c * m.rs2[d];
+    }
+    float v = ldx(x, ox, tx);
+    return y ? bin_apply(bop, v, ldx(y, oy, ty)) : v;
+}
+
+__device__ __forceinline__ float red_init(int op) {
+    return (op == 2) ? NEG_INF : (op == 3 ? -NEG_INF : 0.0f);
+}
+
+__device__ __forceinline__ float red_step(int op, float acc, float v, bool* nan) {
+    if (op <= 1) return acc + v;
+    if (v != v) *nan = true;
+    return (op == 2) ? fmaxf(acc, v) : fminf(acc, v);
+}
+
+__device__ __forceinline__ float red_warp(int op, float acc) {
+    if (op <= 1) return warp_sum(acc);
+    if (op == 2) return warp_max(acc);
+    return -warp_max(-acc);
+}
+
+extern "C" {
+
 // One warp per output element (lanes split the reduced elements, then a
-// warp reduction). meta and op as reduce_x.
-__global__ void reduce_warp_x(void* out, const void* x, long long n_out, const int* meta,
-                              int op, int to, int tx) {
-    int nk = meta[0];
-    const int* kd = meta + 1;
-    const int* ks = kd + nk;
-    int nr = ks[nk];
-    const int* rd = ks + nk + 1;
-    const int* rs = rd + nr;
-    long long cnt = 1;
-    for (int d = 0; d < nr; ++d) cnt *= rd[d];
+// warp reduction).
+__global__ void reduce_warp_x(void* out, const void* x, const void* y, long long n_out,
+                              const int* meta, int op, int bop, int to, int tx, int ty) {
+    RedMeta m = red_meta(meta);
     long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
     if (w >= n_out) return;
-    long long r = w, base = 0;
-    for (int d = nk - 1; d >= 0; --d) {
-        long long c = r % kd[d];
-        r /= kd[d];
-        base += c * ks[d];
-    }
-    float acc = (op == 2) ? NEG_INF : (op == 3 ? -NEG_INF : 0.0f);
+    long long bx, by;
+    red_base(m, w, &bx, &by);
+    float acc = red_init(op);
     bool nan = false;
-    for (long long j = lane; j < cnt; j += 32) {
-        long long rr = j, o = base;
-        for (int d = nr - 1; d >= 0; --d) {
-            long long c = rr % rd[d];
-            rr /= rd[d];
-            o += c * rs[d];
-        }
-        float v = ldx(x, o, tx);
-        if (op <= 1) acc += v;
-        else {
-            if (v != v) nan = true;
-            acc = (op == 2) ? fmaxf(acc, v) : fminf(acc, v);
-        }
-    }
-    if (op <= 1) acc = warp_sum(acc);
-    else if (op == 2) acc = warp_max(acc);
-    else acc = -warp_max(-acc);
+    for (long long j = lane; j < m.cnt; j += 32)
+        acc = red_step(op, acc, red_load(m, x, y, bx, by, j, bop, tx, ty), &nan);
+    acc = red_warp(op, acc);
     nan = __any_sync(0xffffffffu, nan);
     if (lane == 0) {
-        if (op == 1) acc /= (float)cnt;
+        if (op == 1) acc /= (float)m.cnt;
+        if (nan) acc = QNAN;
+        stx(out, w, to, acc);
+    }
+}
+
+// One block per output element (few outputs over many elements: the
+// threads split the reduced elements, then warp and block reductions).
+// blockDim a multiple of 32, at most 1024.
+__global__ void reduce_block_x(void* out, const void* x, const void* y, long long n_out,
+                               const int* meta, int op, int bop, int to, int tx, int ty) {
+    __shared__ float part[32];
+    __shared__ int part_nan[32];
+    RedMeta m = red_meta(meta);
+    long long w = blockIdx.x;
+    if (w >= n_out) return;
+    long long bx, by;
+    red_base(m, w, &bx, &by);
+    float acc = red_init(op);
+    bool nan = false;
+    for (long long j = threadIdx.x; j < m.cnt; j += blockDim.x)
+        acc = red_step(op, acc, red_load(m, x, y, bx, by, j, bop, tx, ty), &nan);
+    acc = red_warp(op, acc);
+    nan = __any_sync(0xffffffffu, nan);
+    int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) { part[wi] = acc; part_nan[wi] = nan; }
+    __syncthreads();
+    if (wi != 0) return;
+    acc = red_warp(op, lane < nw ? part[lane] : red_init(op));
+    nan = __any_sync(0xffffffffu, lane < nw && part_nan[lane]);
+    if (lane == 0) {
+        if (op == 1) acc /= (float)m.cnt;
         if (nan) acc = QNAN;
         stx(out, w, to, acc);
     }

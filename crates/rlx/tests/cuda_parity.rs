@@ -604,6 +604,64 @@ fn every_op_matches_the_cpu_backend() {
                 &[("x", f(&[3, 5, 4]), false)],
             ));
         }
+        // Few outputs over many elements: one block per output.
+        for (dims, axes) in [(vec![3, 700], vec![1]), (vec![2, 40, 9], vec![0, 1])] {
+            cases.push(one(
+                "reduce_block",
+                Op::Reduce {
+                    op,
+                    axes,
+                    keep_dims: false,
+                },
+                &[("x", f(&dims), false)],
+            ));
+        }
+    }
+    // A Reduce reading a Binary (fused into one kernel in hybrid): masked
+    // sums over the sequence (the mask broadcast), a sum of squares, a max
+    // of differences, in the warp and the block kernels.
+    for (op, rop, hd, md, axes) in [
+        (
+            BinaryOp::Mul,
+            ReduceOp::Sum,
+            vec![2, 9, 8],
+            vec![2, 9, 1],
+            vec![1],
+        ),
+        (
+            BinaryOp::Mul,
+            ReduceOp::Mean,
+            vec![3, 300],
+            vec![300],
+            vec![1],
+        ),
+        (
+            BinaryOp::Sub,
+            ReduceOp::Max,
+            vec![2, 5, 70],
+            vec![5, 1],
+            vec![0, 2],
+        ),
+        (
+            BinaryOp::Add,
+            ReduceOp::Min,
+            vec![4, 6],
+            vec![4, 6],
+            vec![0],
+        ),
+    ] {
+        let mut g = Graph::new(format!("reduce_of_{op:?}"));
+        let h = g.input("h", f(&hd));
+        let m = g.input("m", f(&md));
+        let b = g.push(Op::Binary(op), vec![h, m]).unwrap();
+        let r = Op::Reduce {
+            op: rop,
+            axes,
+            keep_dims: false,
+        };
+        let y = g.push(r, vec![b]).unwrap();
+        g.set_outputs(vec![y]);
+        cases.push(g);
     }
     let n = cases.len();
     for (i, g) in cases.iter().enumerate() {

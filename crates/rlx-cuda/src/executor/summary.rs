@@ -37,6 +37,9 @@ pub struct CudaPlan {
     pub fused_ropes: usize,
     /// `CacheWrite`s done by those ropes.
     pub rope_writes: usize,
+    /// `Reduce`s that apply their input's `Binary` per element (the
+    /// binary never materialized).
+    pub fused_reduces: usize,
 }
 
 /// Plan `graph` for CUDA as [`CudaModel::compile`](super::CudaModel::compile)
@@ -54,7 +57,7 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
     }
     let (mut fused_chains, mut fused_nodes) = (0, 0);
     let (mut fused_gemvs, mut gemv_absorbed) = (0, 0);
-    let (mut fused_ropes, mut rope_writes) = (0, 0);
+    let (mut fused_ropes, mut rope_writes, mut fused_reduces) = (0, 0, 0);
     for c in core.chains.iter().flat_map(|m| m.values()) {
         match c {
             crate::fuse::Fusion::Root(ch) => {
@@ -69,6 +72,7 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
                 fused_ropes += 1;
                 rope_writes += 1 + f.v.is_some() as usize;
             }
+            crate::fuse::Fusion::Reduce(_) => fused_reduces += 1,
             _ => {}
         }
     }
@@ -88,5 +92,6 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
         gemv_absorbed,
         fused_ropes,
         rope_writes,
+        fused_reduces,
     })
 }
