@@ -15,10 +15,6 @@ pub const KERNELS: &[&str] = &[
     "activation_x",
     "bias_act_x",
     "norm_rows_x",
-    "norm_warp_x4",
-    "norm_warp_x8",
-    "norm_warp_x16",
-    "norm_warp_x32",
     "gather_x",
     "reduce_warp_x",
     "reduce_block_x",
@@ -650,74 +646,6 @@ __global__ void norm_rows_x(void* out, const void* x, const void* res, const voi
     }
 }
 
-} // extern "C"
-
-// One warp per row (rows of at most 32 * VPL values, each lane keeping
-// VPL of them in registers; the row's gamma and beta are loaded with it),
-// blockDim / 32 rows per block; arguments as norm_rows_x. Warp shuffles
-// only: no shared memory, no block barrier.
-template <int VPL>
-__device__ __forceinline__ void norm_warp_body(
-    void* out, const void* x, const void* res, const void* bias, const void* gamma,
-    const void* beta, int rows, int d, float eps, int rms, int to, int tx, int tr,
-    int tbias, int tg, int tbeta) {
-    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (row >= rows) return;
-    long long base = (long long)row * d;
-    float vals[VPL], gm[VPL], bt[VPL];
-    #pragma unroll
-    for (int i = 0; i < VPL; ++i) {
-        int c = lane + 32 * i;
-        float v = 0.0f, gv = 0.0f, bv = 0.0f;
-        if (c < d) {
-            v = ldx(x, base + c, tx);
-            if (res) v += ldx(res, base + c, tr);
-            if (bias) v += ldx(bias, c, tbias);
-            gv = ldx(gamma, c, tg);
-            if (!rms && beta) bv = ldx(beta, c, tbeta);
-        }
-        vals[i] = v;
-        gm[i] = gv;
-        bt[i] = bv;
-    }
-    float s = 0.0f;
-    #pragma unroll
-    for (int i = 0; i < VPL; ++i) s += rms ? vals[i] * vals[i] : vals[i];
-    s = warp_sum(s);
-    float inv, mean = 0.0f;
-    if (rms) {
-        inv = 1.0f / sqrtf(s / (float)d + eps);
-    } else {
-        mean = s / (float)d;
-        float q = 0.0f;
-        #pragma unroll
-        for (int i = 0; i < VPL; ++i) {
-            float t = vals[i] - mean;
-            if (lane + 32 * i < d) q += t * t;
-        }
-        q = warp_sum(q);
-        inv = 1.0f / sqrtf(q / (float)d + eps);
-    }
-    #pragma unroll
-    for (int i = 0; i < VPL; ++i) {
-        int c = lane + 32 * i;
-        if (c < d) stx(out, base + c, to, (vals[i] - mean) * inv * gm[i] + bt[i]);
-    }
-}
-
-#define NORM_WARP(NAME, VPL)                                                             \
-__global__ void __launch_bounds__(128) NAME(                                            \
-    void* out, const void* x, const void* res, const void* bias, const void* gamma,     \
-    const void* beta, int rows, int d, float eps, int rms, int to, int tx, int tr,      \
-    int tbias, int tg, int tbeta) {                                                     \
-    norm_warp_body<VPL>(out, x, res, bias, gamma, beta, rows, d, eps, rms, to, tx, tr,  \
-                        tbias, tg, tbeta);                                              \
-}
-extern "C" {
-NORM_WARP(norm_warp_x4, 4)
-NORM_WARP(norm_warp_x8, 8)
-NORM_WARP(norm_warp_x16, 16)
-NORM_WARP(norm_warp_x32, 32)
 
 // Row lookup with conversion. ids are i64 (idx64 = 1) or i32.
 __global__ void gather_x(void* out, const void* table, const void* ids, long long n_ids,
