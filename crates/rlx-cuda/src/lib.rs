@@ -14,7 +14,9 @@
 //!   at the first run its launches are captured into a CUDA graph that
 //!   replays as one dispatch. Boundary tensors are arena slots at fixed
 //!   addresses; segment-internal tensors live in a shared scratch buffer;
-//!   elementwise chains inside a segment run as one generated kernel.
+//!   elementwise chains inside a segment run as one generated kernel, and a
+//!   quantized GEMV, a one-row Rope or a Reduce absorbs its neighbours
+//!   (`fuse_gemv`, `fuse_cache`, `fuse_reduce`).
 //! - [`CudaModel::set_graph`]: another shape bucket of the same model
 //!   (weights kept, graphs captured again); [`plan`]: the plan without a
 //!   device.
