@@ -1146,8 +1146,15 @@ fn reduce<A: Addr>(
     // per output serializes their loads). A few outputs over many elements
     // take a block each.
     let count = src.numel() / n;
+    let last = src.rank().saturating_sub(1);
+    let contiguous = !axes.contains(&last) && sx[last] == 1 && sy[last] <= 1;
     let (name, grid, block) = if n < 64 && count >= 256 {
         ("reduce_block_x", n as u32, 256)
+    } else if contiguous && src.dims[last] >= 16 {
+        // Consecutive outputs read consecutive elements: a warp per 32
+        // outputs (coalesced), up to 8 warps splitting the reduced range.
+        let warps = count.div_ceil(16).clamp(1, 8);
+        ("reduce_cols_x", n.div_ceil(32) as u32, 32 * warps as u32)
     } else {
         ("reduce_warp_x", n.div_ceil(4) as u32, 128)
     };
@@ -1320,9 +1327,16 @@ fn norm<A: Addr>(
         Arg::F(eps),
         Arg::I(rms as i32),
     ];
-    // The mixed kernel reads each row once (the f32 one three times); with
-    // f32 codes it computes the same sums in the same order. (One warp per
-    // row measured 2x slower on the H200 for 384-wide rows.)
+    if let Some(name) = norm_warp_kernel(d, [x, res, bias, gamma, beta, cx.out()?], types) {
+        let warps = if rows >= 1024 { 4 } else { 1 };
+        return Ok(vec![Launch::Kernel {
+            name,
+            grid: [rows.div_ceil(warps) as u32, 1, 1],
+            block: 32 * warps as u32,
+            args,
+        }]);
+    }
+    // The general kernel: one block per row, any mix of storage types.
     args.extend(types.iter().map(|t| Arg::I(t.code())));
     Ok(vec![Launch::Kernel {
         name: "norm_rows_x",
@@ -1330,6 +1344,43 @@ fn norm<A: Addr>(
         block: 32 * warps as u32,
         args,
     }])
+}
+
+/// The one-warp-per-row norm kernel for rows of `d` values, when x, the
+/// residual and the output share a storage type T, bias / gamma / beta are
+/// all f32 or all T, `d` is a multiple of 4 up to 1024, and every pointer
+/// (`[x, res, bias, gamma, beta, out]`, 0 for absent) is aligned to 4
+/// elements (the kernel moves 4 values per load). `types` is in the same
+/// order as the general kernel's codes: out, x, res, bias, gamma, beta.
+fn norm_warp_kernel(d: usize, ptrs: [u64; 6], types: [Dt; 6]) -> Option<&'static str> {
+    let [x, res, bias, gamma, beta, out] = ptrs;
+    let [t_out, t, t_res, t_bias, t_gamma, t_beta] = types;
+    let p = t_gamma;
+    if !d.is_multiple_of(4) || d > 1024 || t_out != t || (res != 0 && t_res != t) {
+        return None;
+    }
+    if !matches!(p, Dt::F32) && p != t || (bias != 0 && t_bias != p) || (beta != 0 && t_beta != p) {
+        return None;
+    }
+    let aligned = |ptr: u64, dt: Dt| ptr.is_multiple_of(4 * dt.size() as u64);
+    if ![(x, t), (res, t), (out, t), (bias, p), (gamma, p), (beta, p)]
+        .iter()
+        .all(|&(ptr, dt)| aligned(ptr, dt))
+    {
+        return None;
+    }
+    Some(match (t, p, d <= 512) {
+        (Dt::F32, _, true) => "norm_warp_f32_f32_4",
+        (Dt::F32, _, false) => "norm_warp_f32_f32_8",
+        (Dt::Bf16, Dt::F32, true) => "norm_warp_bf16_f32_4",
+        (Dt::Bf16, Dt::F32, false) => "norm_warp_bf16_f32_8",
+        (Dt::Bf16, _, true) => "norm_warp_bf16_bf16_4",
+        (Dt::Bf16, _, false) => "norm_warp_bf16_bf16_8",
+        (Dt::F16, Dt::F32, true) => "norm_warp_f16_f32_4",
+        (Dt::F16, Dt::F32, false) => "norm_warp_f16_f32_8",
+        (Dt::F16, _, true) => "norm_warp_f16_f16_4",
+        (Dt::F16, _, false) => "norm_warp_f16_f16_8",
+    })
 }
 
 /// `out = act(x)` elementwise in any storage (in place when `out == x`).

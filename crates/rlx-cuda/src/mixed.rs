@@ -18,6 +18,7 @@ pub const KERNELS: &[&str] = &[
     "gather_x",
     "reduce_warp_x",
     "reduce_block_x",
+    "reduce_cols_x",
     "softmax_x",
     "strided_copy2",
     "attention_x_d32",
@@ -30,6 +31,16 @@ pub const KERNELS: &[&str] = &[
     "attention_tc_d32_f16",
     "attention_tc_d64_bf16",
     "attention_tc_d64_f16",
+    "norm_warp_f32_f32_4",
+    "norm_warp_bf16_f32_4",
+    "norm_warp_bf16_bf16_4",
+    "norm_warp_f16_f32_4",
+    "norm_warp_f16_f16_4",
+    "norm_warp_f32_f32_8",
+    "norm_warp_bf16_f32_8",
+    "norm_warp_bf16_bf16_8",
+    "norm_warp_f16_f32_8",
+    "norm_warp_f16_f16_8",
 ];
 
 /// The tensor-core attention kernel for 16-bit q/k/v of one type, if the
@@ -328,9 +339,10 @@ __device__ __forceinline__ void mma16816(float* c, const unsigned* a, const unsi
 // (32 or 64), f32 scores, online softmax and accumulation. The block's warps
 // share one (batch, head): each chunk of KC keys of K and V (and the chunk's
 // keep-mask) is staged in shared memory with 16-byte loads, zero-filled past
-// S_k, then each warp walks its 16 query rows over the chunk 16 keys at a
-// time: S = Q K^T and O += P V with mma.m16n8k16 (P rounded to T; the V
-// fragments come from ldmatrix.trans). mkind: 0 none, 3 keep-mask f32, 4 keep
+// S_k, then each warp walks its 16 query rows over the chunk 32 keys at a
+// time (one online-softmax update per step, exp2 of log2-scaled scores):
+// S = Q K^T and O += P V with mma.m16n8k16 (P rounded to T; the V fragments
+// come from ldmatrix.trans). mkind: 0 none, 3 keep-mask f32, 4 keep
 // u8. grid (ceil(Sq / (16 W)), Hq, B) with W = 1, 2 or 4 warps per block.
 // Before sm_80 the CUDA-core kernel runs instead (16 rows per warp, 4 warps).
 template <int D, int T>
@@ -342,6 +354,7 @@ __device__ __forceinline__ void attention_tc_body(
 #if __CUDA_ARCH__ >= 800
     constexpr int KC = D == 32 ? 128 : 64;
     constexpr int LD = D + 8;  // padded rows: conflict-free fragment reads
+    const float scale2 = scale * 1.4426950408889634f;  // scores in log2 units (exp2f)
     __shared__ __align__(16) unsigned short sk[KC * LD];
     __shared__ __align__(16) unsigned short sv[KC * LD];
     __shared__ float skeep[KC];
@@ -376,6 +389,17 @@ __device__ __forceinline__ void attention_tc_body(
     for (int c0 = 0; c0 < Sk; c0 += KC) {
         int n = min(KC, Sk - c0);
         __syncthreads();  // the previous chunk is no longer read
+        // The chunk's keep flags are requested before the K/V loads (stored
+        // after them), so the three reads overlap.
+        bool keep[4];
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            int i = threadIdx.x + u * blockDim.x;
+            bool ok = i < KC && i < n;
+            if (ok && mkind == 3) ok = ((const float*)mask)[kbase + c0 + i] != 0.0f;
+            if (ok && mkind == 4) ok = ((const unsigned char*)mask)[kbase + c0 + i] != 0;
+            keep[u] = ok;
+        }
         // Eight 16-byte vectors of K and of V per thread in flight at once,
         // then their stores.
         for (int i0 = 0; i0 < KC * (D / 8); i0 += 8 * blockDim.x) {
@@ -410,18 +434,19 @@ __device__ __forceinline__ void attention_tc_body(
                 }
             }
         }
-        for (int i = threadIdx.x; i < KC; i += blockDim.x) {
-            bool ok = i < n;
-            if (ok && mkind == 3) ok = ((const float*)mask)[kbase + c0 + i] != 0.0f;
-            if (ok && mkind == 4) ok = ((const unsigned char*)mask)[kbase + c0 + i] != 0;
-            skeep[i] = ok ? 1.0f : 0.0f;
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            int i = threadIdx.x + u * blockDim.x;
+            if (i < KC) skeep[i] = keep[u] ? 1.0f : 0.0f;
         }
         __syncthreads();
         if (!active) continue;
-        for (int t0 = 0; t0 < n; t0 += 16) {
-            float s[2][4];
+        // 32 keys per step: four 8-key score tiles, one online-softmax
+        // update, and two 16-key halves of P V.
+        for (int t0 = 0; t0 < n; t0 += 32) {
+            float s[4][4];
             #pragma unroll
-            for (int j = 0; j < 2; ++j) {
+            for (int j = 0; j < 4; ++j) {
                 s[j][0] = 0.0f; s[j][1] = 0.0f; s[j][2] = 0.0f; s[j][3] = 0.0f;
                 const unsigned short* kr = sk + (t0 + j * 8 + g) * LD + tc * 2;
                 #pragma unroll
@@ -433,12 +458,12 @@ __device__ __forceinline__ void attention_tc_body(
             }
             float mxa = NEG_INF, mxb = NEG_INF;
             #pragma unroll
-            for (int j = 0; j < 2; ++j) {
+            for (int j = 0; j < 4; ++j) {
                 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     bool ok = skeep[t0 + j * 8 + tc * 2 + e] != 0.0f;
-                    float va = ok ? s[j][e] * scale : NEG_INF;
-                    float vb = ok ? s[j][2 + e] * scale : NEG_INF;
+                    float va = ok ? s[j][e] * scale2 : NEG_INF;
+                    float vb = ok ? s[j][2 + e] * scale2 : NEG_INF;
                     s[j][e] = va;
                     s[j][2 + e] = vb;
                     mxa = fmaxf(mxa, va);
@@ -450,39 +475,48 @@ __device__ __forceinline__ void attention_tc_body(
             mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
             mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
             float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb);
-            float ca = (ma == NEG_INF) ? 0.0f : expf(ma - na);
-            float cb = (mb == NEG_INF) ? 0.0f : expf(mb - nb);
-            float p[2][4];
+            float ca = (ma == NEG_INF) ? 0.0f : exp2f(ma - na);
+            float cb = (mb == NEG_INF) ? 0.0f : exp2f(mb - nb);
+            float p[4][4];
+            float sa = 0.0f, sb = 0.0f;
             #pragma unroll
-            for (int j = 0; j < 2; ++j) {
+            for (int j = 0; j < 4; ++j) {
                 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    p[j][e] = s[j][e] == NEG_INF ? 0.0f : expf(s[j][e] - na);
-                    p[j][2 + e] = s[j][2 + e] == NEG_INF ? 0.0f : expf(s[j][2 + e] - nb);
+                    p[j][e] = s[j][e] == NEG_INF ? 0.0f : exp2f(s[j][e] - na);
+                    p[j][2 + e] = s[j][2 + e] == NEG_INF ? 0.0f : exp2f(s[j][2 + e] - nb);
+                    sa += p[j][e];
+                    sb += p[j][2 + e];
                 }
             }
-            la = la * ca + p[0][0] + p[0][1] + p[1][0] + p[1][1];
-            lb = lb * cb + p[0][2] + p[0][3] + p[1][2] + p[1][3];
+            la = la * ca + sa;
+            lb = lb * cb + sb;
             ma = na;
             mb = nb;
             #pragma unroll
             for (int nt = 0; nt < D / 8; ++nt) { o[nt][0] *= ca; o[nt][1] *= ca; o[nt][2] *= cb; o[nt][3] *= cb; }
-            unsigned pa[4] = {pack2<T>(p[0][0], p[0][1]), pack2<T>(p[0][2], p[0][3]),
-                              pack2<T>(p[1][0], p[1][1]), pack2<T>(p[1][2], p[1][3])};
             // ldmatrix.x4.trans: lanes 8m..8m+7 address matrix m's rows (keys
-            // t0 + (m & 1) * 8 + r, dims (nt + m / 2) * 8 ..), giving the B
-            // fragments of two 8-wide output tiles.
+            // t0 + h16 * 16 + (m & 1) * 8 + r, dims (nt + m / 2) * 8 ..),
+            // giving the B fragments of two 8-wide output tiles.
             int mi = lane >> 3, r = lane & 7;
             #pragma unroll
-            for (int nt = 0; nt < D / 8; nt += 2) {
-                const unsigned short* vr = sv + (t0 + (mi & 1) * 8 + r) * LD + (nt + (mi >> 1)) * 8;
-                unsigned addr = (unsigned)__cvta_generic_to_shared(vr);
-                unsigned vb[4];
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                             : "=r"(vb[0]), "=r"(vb[1]), "=r"(vb[2]), "=r"(vb[3])
-                             : "r"(addr));
-                mma16816<T>(o[nt], pa, vb);
-                mma16816<T>(o[nt + 1], pa, vb + 2);
+            for (int h16 = 0; h16 < 2; ++h16) {
+                unsigned pa[4] = {pack2<T>(p[2 * h16][0], p[2 * h16][1]),
+                                  pack2<T>(p[2 * h16][2], p[2 * h16][3]),
+                                  pack2<T>(p[2 * h16 + 1][0], p[2 * h16 + 1][1]),
+                                  pack2<T>(p[2 * h16 + 1][2], p[2 * h16 + 1][3])};
+                #pragma unroll
+                for (int nt = 0; nt < D / 8; nt += 2) {
+                    const unsigned short* vr =
+                        sv + (t0 + h16 * 16 + (mi & 1) * 8 + r) * LD + (nt + (mi >> 1)) * 8;
+                    unsigned addr = (unsigned)__cvta_generic_to_shared(vr);
+                    unsigned vb[4];
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                                 : "=r"(vb[0]), "=r"(vb[1]), "=r"(vb[2]), "=r"(vb[3])
+                                 : "r"(addr));
+                    mma16816<T>(o[nt], pa, vb);
+                    mma16816<T>(o[nt + 1], pa, vb + 2);
+                }
             }
         }
     }
@@ -739,6 +773,123 @@ __device__ __forceinline__ float red_warp(int op, float acc) {
     return -warp_max(-acc);
 }
 
+// Four consecutive values at element i (16-byte aligned for f32, 8-byte
+// for 16-bit storage) of type T, converted to f32.
+template <int T>
+__device__ __forceinline__ void ld4(const void* p, long long i, float* v) {
+    if (T == 0) {
+        float4 f = *(const float4*)((const float*)p + i);
+        v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+        return;
+    }
+    uint2 u = *(const uint2*)((const unsigned short*)p + i);
+    unsigned short h[4] = {(unsigned short)(u.x & 0xffffu), (unsigned short)(u.x >> 16),
+                           (unsigned short)(u.y & 0xffffu), (unsigned short)(u.y >> 16)};
+    #pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        if (T == 1) {
+            v[k] = __uint_as_float(((unsigned int)h[k]) << 16);
+        } else {
+            float f;
+            asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h[k]));
+            v[k] = f;
+        }
+    }
+}
+
+template <int T>
+__device__ __forceinline__ void st4(void* p, long long i, const float* v) {
+    if (T == 0) {
+        *(float4*)((float*)p + i) = make_float4(v[0], v[1], v[2], v[3]);
+        return;
+    }
+    unsigned short h[4];
+    #pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        if (T == 1) h[k] = f2bf(v[k]);
+        else asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h[k]) : "f"(v[k]));
+    }
+    *(uint2*)((unsigned short*)p + i) =
+        make_uint2((unsigned)h[0] | ((unsigned)h[1] << 16), (unsigned)h[2] | ((unsigned)h[3] << 16));
+}
+
+// LayerNorm / RMSNorm of one row per warp: v = x + res + bias (res, bias may
+// be null), f32 statistics (mean, then the mean squared deviation, as
+// norm_rows_x). x, res and out are stored as T; bias, gamma and beta as P.
+// Lane l holds columns 4 (32 c + l) .. + 3 for c < NC: one vector load per
+// tensor and chunk, all issued before any arithmetic. d % 4 == 0,
+// d <= 128 NC, and every pointer is aligned to 4 elements.
+template <int T, int P, int NC>
+__device__ __forceinline__ void norm_warp_body(void* out, const void* x, const void* res,
+                                               const void* bias, const void* gamma,
+                                               const void* beta, int rows, int d, float eps,
+                                               int rms) {
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    long long base = (long long)row * d;
+    float v[NC][4], r[NC][4], b[NC][4];
+    #pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        int col = (c * 32 + lane) * 4;
+        bool in = col < d;
+        #pragma unroll
+        for (int k = 0; k < 4; ++k) { v[c][k] = 0.0f; r[c][k] = 0.0f; b[c][k] = 0.0f; }
+        if (in) ld4<T>(x, base + col, v[c]);
+        if (in && res) ld4<T>(res, base + col, r[c]);
+        if (in && bias) ld4<P>(bias, col, b[c]);
+    }
+    float s = 0.0f;
+    #pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        #pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            v[c][k] = v[c][k] + r[c][k] + b[c][k];
+            s += rms ? v[c][k] * v[c][k] : v[c][k];
+        }
+    }
+    // gamma and beta (into the registers res and bias used) load while the
+    // statistics are reduced.
+    #pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        int col = (c * 32 + lane) * 4;
+        #pragma unroll
+        for (int k = 0; k < 4; ++k) b[c][k] = 0.0f;
+        if (col < d) ld4<P>(gamma, col, r[c]);
+        if (col < d && !rms && beta) ld4<P>(beta, col, b[c]);
+    }
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    float mean = 0.0f, inv;
+    if (rms) {
+        inv = 1.0f / sqrtf(s / (float)d + eps);
+    } else {
+        mean = s / (float)d;
+        float q = 0.0f;
+        #pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            if ((c * 32 + lane) * 4 < d) {
+                #pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    float t = v[c][k] - mean;
+                    q += t * t;
+                }
+            }
+        }
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+        inv = 1.0f / sqrtf(q / (float)d + eps);
+    }
+    #pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        int col = (c * 32 + lane) * 4;
+        if (col >= d) continue;
+        #pragma unroll
+        for (int k = 0; k < 4; ++k) v[c][k] = (v[c][k] - mean) * inv * r[c][k] + b[c][k];
+        st4<T>(out, base + col, v[c]);
+    }
+}
+
 extern "C" {
 
 // One warp per output element (lanes split the reduced elements, then a
@@ -762,6 +913,49 @@ __global__ void reduce_warp_x(void* out, const void* x, const void* y, long long
         if (nan) acc = QNAN;
         stx(out, w, to, acc);
     }
+}
+
+// Reductions whose last kept axis is the source's contiguous last axis
+// (a sum over the sequence of [b, s, h]): lane l of warp y takes output
+// 32 blockIdx.x + l, so a warp's loads are consecutive, and the warps split
+// the reduced elements; their partials combine through shared memory.
+// blockDim 32 * RY with RY <= 8.
+__global__ void reduce_cols_x(void* out, const void* x, const void* y, long long n_out,
+                              const int* meta, int op, int bop, int to, int tx, int ty) {
+    __shared__ float part[8][32];
+    __shared__ bool part_nan[8][32];
+    RedMeta m = red_meta(meta);
+    int lane = threadIdx.x & 31, wy = threadIdx.x >> 5, ny = blockDim.x >> 5;
+    long long w = (long long)blockIdx.x * 32 + lane;
+    float acc = red_init(op);
+    bool nan = false;
+    if (w < n_out) {
+        long long bx, by;
+        red_base(m, w, &bx, &by);
+        if (m.nr == 1) {
+            long long sx = m.rs[0], sy = m.rs2[0];
+            #pragma unroll 4
+            for (long long j = wy; j < m.cnt; j += ny) {
+                float v = ldx(x, bx + j * sx, tx);
+                if (y) v = bin_apply(bop, v, ldx(y, by + j * sy, ty));
+                acc = red_step(op, acc, v, &nan);
+            }
+        } else {
+            for (long long j = wy; j < m.cnt; j += ny)
+                acc = red_step(op, acc, red_load(m, x, y, bx, by, j, bop, tx, ty), &nan);
+        }
+    }
+    part[wy][lane] = acc;
+    part_nan[wy][lane] = nan;
+    __syncthreads();
+    if (wy != 0 || w >= n_out) return;
+    for (int k = 1; k < ny; ++k) {
+        acc = red_step(op, acc, part[k][lane], &nan);
+        nan = nan || part_nan[k][lane];
+    }
+    if (op == 1) acc /= (float)m.cnt;
+    if (nan) acc = QNAN;
+    stx(out, w, to, acc);
 }
 
 // One block per output element (few outputs over many elements: the
@@ -861,6 +1055,24 @@ ATTN_TC(attention_tc_d32_bf16, 32, 1)
 ATTN_TC(attention_tc_d32_f16, 32, 2)
 ATTN_TC(attention_tc_d64_bf16, 64, 1)
 ATTN_TC(attention_tc_d64_f16, 64, 2)
+
+
+#define NORM_W(NAME, T, P, NC)                                                          \
+__global__ void NAME(void* out, const void* x, const void* res, const void* bias,       \
+                     const void* gamma, const void* beta, int rows, int d, float eps,   \
+                     int rms) {                                                         \
+    norm_warp_body<T, P, NC>(out, x, res, bias, gamma, beta, rows, d, eps, rms);        \
+}
+NORM_W(norm_warp_f32_f32_4, 0, 0, 4)
+NORM_W(norm_warp_bf16_f32_4, 1, 0, 4)
+NORM_W(norm_warp_bf16_bf16_4, 1, 1, 4)
+NORM_W(norm_warp_f16_f32_4, 2, 0, 4)
+NORM_W(norm_warp_f16_f16_4, 2, 2, 4)
+NORM_W(norm_warp_f32_f32_8, 0, 0, 8)
+NORM_W(norm_warp_bf16_f32_8, 1, 0, 8)
+NORM_W(norm_warp_bf16_bf16_8, 1, 1, 8)
+NORM_W(norm_warp_f16_f32_8, 2, 0, 8)
+NORM_W(norm_warp_f16_f16_8, 2, 2, 8)
 
 } // extern "C"
 "#

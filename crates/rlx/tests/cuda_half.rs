@@ -11,7 +11,10 @@
 //!   shapes in a row, against the PyTorch reference;
 //! - tensor-core attention on 16-bit q/k/v (views of one packed tensor,
 //!   as after a fused QKV matmul) at lengths below, at and across its
-//!   staged key chunk, with GQA and keep-masks, against the CPU backend.
+//!   staged key chunk, with GQA and keep-masks, against the CPU backend;
+//! - LayerNorm / RMSNorm (with residual and bias) on 16-bit rows of widths
+//!   for the one-warp-per-row kernel and for the general one, against the
+//!   CPU backend.
 //!
 //! Where no CUDA driver or device is present every test prints
 //! "skipped: no CUDA device" and passes (CI has no GPU).
@@ -518,4 +521,92 @@ fn half_attention_on_tensor_cores_matches_the_cpu() {
         }
     }
     println!("tensor-core attention matches the CPU backend in bf16 and f16");
+}
+
+/// `FusedResidualLN(x + x, r + r, bias, g, beta)` and `RmsNorm(x + x, g)`
+/// on `[rows, d]` (the sums make the rows 16-bit under bf16 / f16).
+fn norm_graph(rows: usize, d: usize) -> Graph {
+    use rlx::ir::op::BinaryOp;
+    use rlx::ir::Shape;
+    let mut g = Graph::new(format!("norms_{rows}x{d}"));
+    let x = g.input("x", Shape::f32(&[rows, d]));
+    let r = g.input("r", Shape::f32(&[rows, d]));
+    let bias = g.param("bias", Shape::f32(&[d]));
+    let gamma = g.param("g", Shape::f32(&[d]));
+    let beta = g.param("beta", Shape::f32(&[d]));
+    let x2 = g.push(Op::Binary(BinaryOp::Add), vec![x, x]).unwrap();
+    let r2 = g.push(Op::Binary(BinaryOp::Add), vec![r, r]).unwrap();
+    let op = Op::FusedResidualLN {
+        has_bias: true,
+        eps: 1e-5,
+    };
+    let ln = g.push(op, vec![x2, r2, bias, gamma, beta]).unwrap();
+    let op = Op::RmsNorm {
+        axis: -1,
+        eps: 1e-6,
+    };
+    let rms = g.push(op, vec![x2, gamma]).unwrap();
+    g.set_outputs(vec![ln, rms]);
+    g
+}
+
+#[test]
+fn half_norms_match_the_cpu() {
+    if !cuda_or_skip() {
+        return;
+    }
+    // 384 / 576 / 1024: one warp per row (4 or 8 chunks of 4 per lane;
+    // 1030 rows: 4 rows per block, the last block partial); 30 and 1100:
+    // the block-per-row kernel.
+    for (rows, d) in [
+        (7, 384),
+        (1030, 384),
+        (5, 576),
+        (3, 1024),
+        (6, 30),
+        (2, 1100),
+    ] {
+        let g = norm_graph(rows, d);
+        // Values on a 1/32 grid (exact in bf16 and f16, also doubled).
+        let grid = |n: usize, k: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * k + 5) % 41) as f32 / 32.0 - 0.6)
+                .collect()
+        };
+        let (xs, rs) = (grid(rows * d, 7919), grid(rows * d, 104_729));
+        let (bias, gamma, beta) = (grid(d, 31), grid(d, 17), grid(d, 13));
+        let inputs = [("x", TensorRef::F32(&xs)), ("r", TensorRef::F32(&rs))];
+        let params = [("bias", &bias), ("g", &gamma), ("beta", &beta)];
+        let mut cpu = Session::new(Device::Cpu).compile(g.clone()).unwrap();
+        for (name, v) in params {
+            cpu.set_param(name, v).unwrap();
+        }
+        let want = cpu.run_typed(&inputs).unwrap();
+        for (precision, tol) in [(Precision::Bf16, 3e-2f32), (Precision::F16, 4e-3)] {
+            for mode in [ExecMode::Thunks, ExecMode::Hybrid] {
+                let session = Session::new(Device::Cuda(0))
+                    .mode(mode)
+                    .precision(precision);
+                let mut m = session.compile(g.clone()).unwrap();
+                for (name, v) in params {
+                    m.set_param(name, v).unwrap();
+                }
+                let got = m.run_typed(&inputs).unwrap();
+                for (o, (x, y)) in got.iter().zip(&want).enumerate() {
+                    let (x, y) = (x.as_f32().unwrap(), y.as_f32().unwrap());
+                    let worst = x
+                        .iter()
+                        .zip(y)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0f32, f32::max);
+                    assert!(
+                        worst <= tol && x.iter().all(|v| v.is_finite()),
+                        "{} output {o} {precision} {mode:?}: max abs error {worst} > {tol}",
+                        g.name
+                    );
+                }
+            }
+        }
+    }
+    println!("half-precision norms match the CPU backend");
 }

@@ -260,30 +260,48 @@ fn every_op_matches_the_cpu_backend() {
     };
     cases.push(one(
         "layernorm",
-        ln,
+        ln.clone(),
         &[
             ("x", f(&[3, 4, 300]), false),
             ("g", f(&[300]), true),
             ("b", f(&[300]), true),
         ],
     ));
-    cases.push(one(
-        "rmsnorm",
-        Op::RmsNorm {
-            axis: -1,
-            eps: 1e-6,
-        },
-        &[("x", f(&[5, 40]), false), ("g", f(&[40]), true)],
-    ));
-    for has_bias in [false, true] {
-        let mut ins = vec![("x", f(&[2, 3, 20]), false), ("r", f(&[2, 3, 20]), false)];
+    // Widths for the one-warp-per-row kernel (multiples of 4 up to 512 and
+    // up to 1024; 1103 rows take 4 rows per block with a partial last
+    // block) and for the block-per-row kernel (30: not a multiple of 4;
+    // 1100: wider than 1024).
+    for dims in [[1103, 384], [3, 600], [2, 1024], [4, 30], [2, 1100]] {
+        let d = dims[1];
+        cases.push(one(
+            &format!("layernorm_{}x{d}", dims[0]),
+            ln.clone(),
+            &[
+                ("x", f(&dims), false),
+                ("g", f(&[d]), true),
+                ("b", f(&[d]), true),
+            ],
+        ));
+    }
+    for d in [40, 576, 30] {
+        cases.push(one(
+            &format!("rmsnorm_{d}"),
+            Op::RmsNorm {
+                axis: -1,
+                eps: 1e-6,
+            },
+            &[("x", f(&[5, d]), false), ("g", f(&[d]), true)],
+        ));
+    }
+    for (has_bias, d) in [(false, 20), (true, 20), (true, 576), (true, 30)] {
+        let mut ins = vec![("x", f(&[2, 3, d]), false), ("r", f(&[2, 3, d]), false)];
         if has_bias {
-            ins.push(("bias", f(&[20]), true));
+            ins.push(("bias", f(&[d]), true));
         }
         let mut rms_ins = ins.clone();
-        rms_ins.push(("g", f(&[20]), true));
-        ins.push(("g", f(&[20]), true));
-        ins.push(("beta", f(&[20]), true));
+        rms_ins.push(("g", f(&[d]), true));
+        ins.push(("g", f(&[d]), true));
+        ins.push(("beta", f(&[d]), true));
         cases.push(one(
             "res_ln",
             Op::FusedResidualLN {
@@ -604,8 +622,17 @@ fn every_op_matches_the_cpu_backend() {
                 &[("x", f(&[3, 5, 4]), false)],
             ));
         }
-        // Few outputs over many elements: one block per output.
-        for (dims, axes) in [(vec![3, 700], vec![1]), (vec![2, 40, 9], vec![0, 1])] {
+        // Few outputs over many elements: one block per output. Kept
+        // contiguous last axes of >= 16: the coalesced column kernel (one
+        // and two reduced axes, reduced lengths split over 1..8 warps).
+        for (dims, axes) in [
+            (vec![3, 700], vec![1]),
+            (vec![2, 40, 9], vec![0, 1]),
+            (vec![4, 100, 48], vec![1]),
+            (vec![3, 5, 40], vec![0, 1]),
+            (vec![2, 300, 16], vec![1]),
+            (vec![2, 3, 20], vec![1]),
+        ] {
             cases.push(one(
                 "reduce_block",
                 Op::Reduce {
@@ -626,6 +653,13 @@ fn every_op_matches_the_cpu_backend() {
             ReduceOp::Sum,
             vec![2, 9, 8],
             vec![2, 9, 1],
+            vec![1],
+        ),
+        (
+            BinaryOp::Mul,
+            ReduceOp::Sum,
+            vec![2, 37, 384],
+            vec![2, 37, 1],
             vec![1],
         ),
         (
