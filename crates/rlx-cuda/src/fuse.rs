@@ -48,6 +48,8 @@ pub(crate) enum Fusion {
     RopeCache(Arc<crate::fuse_cache::RopeCache>),
     /// A `Reduce` that applies its input's `Binary` per element.
     Reduce(Arc<crate::fuse_reduce::ReducePrologue>),
+    /// A `FusedResidualLN` that computes the matmul it reads.
+    GemmNorm(Arc<crate::fuse_norm::GemmNorm>),
     /// Done by an earlier node's launch (a `RopeCache`'s writes): no
     /// launch, but its place in the schedule stays.
     Done,
@@ -121,7 +123,9 @@ pub(crate) fn find_chains(g: &Graph, claimed: &HashSet<NodeId>) -> HashMap<NodeI
 }
 
 /// Every fusion of a segment's sub-graph: the quantized GEMV groups
-/// ([`crate::fuse_gemv`]) first, then elementwise chains over the rest,
+/// ([`crate::fuse_gemv`]) first, then reductions with their binary
+/// ([`crate::fuse_reduce`]), matmuls with their norm
+/// ([`crate::fuse_norm`]), then elementwise chains over the rest,
 /// then decode ropes with their cache writes ([`crate::fuse_cache`]).
 /// `store` gives each node's storage.
 pub(crate) fn find_fusions(g: &Graph, store: impl Fn(NodeId) -> Store) -> HashMap<NodeId, Fusion> {
@@ -130,6 +134,8 @@ pub(crate) fn find_fusions(g: &Graph, store: impl Fn(NodeId) -> Store) -> HashMa
     m.extend(crate::fuse_reduce::find_reduce_prologues(
         g, &claimed, &store,
     ));
+    let claimed: HashSet<NodeId> = m.keys().copied().collect();
+    m.extend(crate::fuse_norm::find_gemm_norms(g, &claimed, &store));
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
     m.extend(find_chains(g, &claimed));
     let ropes = crate::fuse_cache::find_rope_cache(g, &m, &store);
@@ -167,6 +173,7 @@ pub(crate) fn fused_ticks(g: &Graph, fusions: &HashMap<NodeId, Fusion>) -> Vec<T
             Some(Fusion::Root(c)) => Some(group(&c.nodes)),
             Some(Fusion::Gemv(f)) => Some(group(&f.nodes)),
             Some(Fusion::Reduce(f)) => Some(group(&f.nodes)),
+            Some(Fusion::GemmNorm(f)) => Some(group(&f.nodes)),
         })
         .collect()
 }

@@ -192,6 +192,7 @@ mod tests {
                 Some(Fusion::Gemv(_)) => "gemv",
                 Some(Fusion::RopeCache(_) | Fusion::Done) => "rope",
                 Some(Fusion::Reduce(_)) => "reduce",
+                Some(Fusion::GemmNorm(_)) => "gemm-norm",
             })
             .collect()
     }

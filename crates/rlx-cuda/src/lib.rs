@@ -16,7 +16,8 @@
 //!   addresses; segment-internal tensors live in a shared scratch buffer;
 //!   elementwise chains inside a segment run as one generated kernel, and a
 //!   quantized GEMV, a one-row Rope or a Reduce absorbs its neighbours
-//!   (`fuse_gemv`, `fuse_cache`, `fuse_reduce`).
+//!   (`fuse_gemv`, `fuse_cache`, `fuse_reduce`), and a small 16-bit matmul
+//!   runs with the LayerNorm reading it (`fuse_norm`).
 //! - [`CudaModel::set_graph`]: another shape bucket of the same model
 //!   (weights kept, graphs captured again); [`plan`]: the plan without a
 //!   device.
@@ -29,6 +30,7 @@ mod executor;
 mod fuse;
 mod fuse_cache;
 mod fuse_gemv;
+mod fuse_norm;
 mod fuse_reduce;
 mod kernels;
 mod kv;

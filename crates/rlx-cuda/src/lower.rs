@@ -401,6 +401,7 @@ pub(crate) fn lower(
         Fusion::Gemv(f) => return gemv_group(&cx, &f),
         Fusion::RopeCache(f) => return rope_cache(&cx, &f),
         Fusion::Reduce(f) => return reduce(&mut cx, Some(&f)),
+        Fusion::GemmNorm(f) => return gemm_norm(&mut cx, &f),
         Fusion::Done => return Ok(vec![]),
         Fusion::Root(c) => {
             let n = out_shape.numel();
@@ -1294,6 +1295,113 @@ fn rope_cache<A: Addr>(cx: &Cx<'_, A>, f: &RopeCache) -> Result<Vec<Launch>, Str
             Arg::Status,
         ],
     }])
+}
+
+/// A matmul and the `FusedResidualLN` reading it (`cx` is the norm's) as
+/// one `gemm_ln` launch; where an operand is not 16-byte aligned (the
+/// kernel loads 8 values at a time), the matmul writes the norm's output
+/// buffer and the norm runs in place after it.
+fn gemm_norm<A: Addr>(
+    cx: &mut Cx<'_, A>,
+    f: &crate::fuse_norm::GemmNorm,
+) -> Result<Vec<Launch>, String> {
+    let Op::FusedResidualLN { has_bias, eps } = cx.node.op else {
+        return Err(format!("node {} is not a FusedResidualLN", cx.node.id));
+    };
+    let graph = cx.graph;
+    let mm = graph.node(f.matmul);
+    let at = |id: NodeId| {
+        cx.addr
+            .addr(id)
+            .ok_or_else(|| format!("matmul-norm input (node {id}) has no device address"))
+    };
+    let (a, w, r) = (mm.inputs[0], mm.inputs[1], cx.node.inputs[1 - f.pos]);
+    let k = graph.node(a).shape.last_dim();
+    let n = cx.node.shape.last_dim();
+    let m = graph.node(a).shape.numel() / k;
+    let bias = mm.inputs.get(2).copied();
+    let ln_bias = has_bias.then(|| cx.node.inputs[2]);
+    let gi = 2 + has_bias as usize;
+    let (gamma, beta) = (cx.node.inputs[gi], cx.node.inputs[gi + 1]);
+    let opt = |id: Option<NodeId>| id.map_or(Ok(0), at);
+    let code = |id: Option<NodeId>| id.map_or(0, |i| cx.addr.store(i).dt.code());
+    let t = cx.dt_out();
+    let out = cx.out()?;
+    let (pa, pw, pr) = (at(a)?, at(w)?, at(r)?);
+    if [pa, pw, pr, out].iter().all(|p| p.is_multiple_of(16)) {
+        let name = match t {
+            Dt::Bf16 => "gemm_ln_bf16",
+            Dt::F16 => "gemm_ln_f16",
+            Dt::F32 => return Err("gemm_ln needs 16-bit storage".into()),
+        };
+        let (tiles, blocks) = (m.div_ceil(16), n / 64);
+        let stats = cx.push_meta(&vec![0; tiles * blocks * 32]);
+        let counters = cx.push_meta(&vec![0; tiles]);
+        let args = vec![
+            Arg::P(out),
+            Arg::P(pa),
+            Arg::P(pw),
+            Arg::P(opt(bias)?),
+            Arg::P(pr),
+            Arg::P(opt(ln_bias)?),
+            Arg::P(at(gamma)?),
+            Arg::P(at(beta)?),
+            Arg::I(int(m, "M")?),
+            Arg::I(int(n, "N")?),
+            Arg::I(int(k, "K")?),
+            Arg::I(int(k, "K")?),
+            Arg::F(eps),
+            Arg::I(code(bias)),
+            Arg::I(code(ln_bias)),
+            Arg::I(code(Some(gamma))),
+            Arg::I(code(Some(beta))),
+            Arg::Meta(stats),
+            Arg::Meta(counters),
+        ];
+        return Ok(vec![Launch::Kernel {
+            name,
+            grid: [blocks as u32, tiles as u32, 1],
+            block: 128,
+            args,
+        }]);
+    }
+    let (ki, ni, mi) = (int(k, "K")?, int(n, "N")?, int(m, "M")?);
+    let mut v = vec![Launch::Gemm(Gemm {
+        m: ni,
+        n: mi,
+        k: ki,
+        a: pw,
+        lda: ki,
+        sa: 0,
+        b: pa,
+        ldb: ki,
+        sb: 0,
+        c: out,
+        ldc: ni,
+        sc: 0,
+        batch: 1,
+        ta: true,
+        dt: [t, t, t],
+        tf32: false,
+        epi: if bias.is_some() { Epi::Bias } else { Epi::None },
+        bias: opt(bias)?,
+        bias_dt: t,
+        act: act_code(None),
+    })];
+    let types = [t, t, t, cx.dt_in(2), cx.dt_in(gi), cx.dt_in(gi + 1)];
+    let (x_in, res_in) = (out, pr);
+    v.extend(norm(
+        cx,
+        x_in,
+        res_in,
+        opt(ln_bias)?,
+        at(gamma)?,
+        at(beta)?,
+        eps,
+        false,
+        types,
+    )?);
+    Ok(v)
 }
 
 #[allow(clippy::too_many_arguments)]

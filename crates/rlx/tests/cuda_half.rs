@@ -14,7 +14,11 @@
 //!   staged key chunk, with GQA and keep-masks, against the CPU backend;
 //! - LayerNorm / RMSNorm (with residual and bias) on 16-bit rows of widths
 //!   for the one-warp-per-row kernel and for the general one, against the
-//!   CPU backend.
+//!   CPU backend;
+//! - a small 16-bit matmul fused with the LayerNorm reading it (one
+//!   `gemm_ln` kernel in hybrid segments): row counts on and off the
+//!   16-row tile, several widths, the matmul as the norm's x or residual,
+//!   with and without biases, against the CPU backend and CUDA thunks.
 //!
 //! Where no CUDA driver or device is present every test prints
 //! "skipped: no CUDA device" and passes (CI has no GPU).
@@ -609,4 +613,150 @@ fn half_norms_match_the_cpu() {
         }
     }
     println!("half-precision norms match the CPU backend");
+}
+
+/// `FusedResidualLN` over a matmul `[rows, k] x [k, n]` (with or without
+/// its bias) and a residual `r`: the matmul is the norm's input `pos`.
+fn matmul_norm_graph(
+    rows: usize,
+    k: usize,
+    n: usize,
+    mm_bias: bool,
+    ln_bias: bool,
+    pos: usize,
+) -> Graph {
+    use rlx::ir::Shape;
+    let mut g = Graph::new(format!("mm_ln_{rows}x{k}x{n}_{mm_bias}_{ln_bias}_{pos}"));
+    let a = g.input("a", Shape::f32(&[rows, k]));
+    let r = g.input("r", Shape::f32(&[rows, n]));
+    let w = g.param("w", Shape::f32(&[k, n]));
+    let mm = if mm_bias {
+        let b = g.param("b", Shape::f32(&[n]));
+        let op = Op::FusedMatMulBiasAct { activation: None };
+        g.push(op, vec![a, w, b]).unwrap()
+    } else {
+        g.push(Op::MatMul, vec![a, w]).unwrap()
+    };
+    let mut ins = if pos == 0 { vec![mm, r] } else { vec![r, mm] };
+    if ln_bias {
+        ins.push(g.param("lnb", Shape::f32(&[n])));
+    }
+    ins.push(g.param("g", Shape::f32(&[n])));
+    ins.push(g.param("beta", Shape::f32(&[n])));
+    let op = Op::FusedResidualLN {
+        has_bias: ln_bias,
+        eps: 1e-5,
+    };
+    let y = g.push(op, ins).unwrap();
+    g.set_outputs(vec![y]);
+    g
+}
+
+#[test]
+fn small_matmul_with_its_layernorm_is_one_kernel_and_matches_the_cpu() {
+    if !cuda_or_skip() {
+        return;
+    }
+    // (rows, k, n, matmul bias, norm bias, matmul position): MiniLM's output
+    // projection and second FFN matmul at 1x128, row counts off the 16-row
+    // tile, the widest and narrowest norms, the matmul as the residual.
+    let cases = [
+        (128, 384, 384, true, false, 0),
+        (128, 1536, 384, true, false, 0),
+        (7, 128, 64, true, true, 0),
+        (37, 256, 1024, false, false, 1),
+        (256, 64, 192, true, true, 1),
+        (1, 384, 384, true, false, 0),
+    ];
+    for (rows, k, n, mm_bias, ln_bias, pos) in cases {
+        let g = matmul_norm_graph(rows, k, n, mm_bias, ln_bias, pos);
+        // Values on a 1/64 grid (exact in bf16 and f16); weights scaled so
+        // the products stay O(1).
+        let grid = |len: usize, mul: usize, scale: f32| -> Vec<f32> {
+            (0..len)
+                .map(|i| (((i * mul + 3) % 65) as f32 / 64.0 - 0.5) * scale)
+                .collect()
+        };
+        let a = grid(rows * k, 7919, 1.0);
+        let r = grid(rows * n, 104_729, 2.0);
+        let w = grid(k * n, 31_337, 4.0 / (k as f32).sqrt());
+        let (b, lnb, gm, beta) = (
+            grid(n, 17, 1.0),
+            grid(n, 23, 0.5),
+            grid(n, 29, 2.0),
+            grid(n, 37, 1.0),
+        );
+        let inputs = [("a", TensorRef::F32(&a)), ("r", TensorRef::F32(&r))];
+        let mut params = vec![("w", &w), ("g", &gm), ("beta", &beta)];
+        if mm_bias {
+            params.push(("b", &b));
+        }
+        if ln_bias {
+            params.push(("lnb", &lnb));
+        }
+        let mut cpu = Session::new(Device::Cpu).compile(g.clone()).unwrap();
+        for (name, v) in &params {
+            cpu.set_param(name, v).unwrap();
+        }
+        let want = cpu.run_typed(&inputs).unwrap();
+        let want = want[0].as_f32().unwrap();
+        for (precision, tol) in [(Precision::Bf16, 6e-2f32), (Precision::F16, 1e-2)] {
+            let mut outs = vec![];
+            for hybrid in [false, true] {
+                let opts = CudaOptions {
+                    hybrid,
+                    precision,
+                    ..CudaOptions::default()
+                };
+                let plan = rlx::cuda::plan(g.clone(), &opts).unwrap();
+                assert_eq!(
+                    plan.fused_gemm_norms, hybrid as usize,
+                    "{}: {plan:?}",
+                    g.name
+                );
+                let mut m = CudaModel::compile(g.clone(), &opts).unwrap();
+                for (name, v) in &params {
+                    m.set_param(name, TensorRef::F32(v)).unwrap();
+                }
+                let got = m.run(&inputs).unwrap();
+                // Replays reuse the row-tile counters: a second run must
+                // give the same values.
+                let again = m.run(&inputs).unwrap();
+                let (got, again) = (
+                    got[0].as_f32().unwrap().to_vec(),
+                    again[0].as_f32().unwrap(),
+                );
+                assert_eq!(
+                    got, again,
+                    "{} {precision} hybrid={hybrid}: second run differs",
+                    g.name
+                );
+                if hybrid {
+                    // The matmul and its norm: one kernel.
+                    assert_eq!(m.device_ops(), Some(1), "{}", g.name);
+                }
+                let worst = got
+                    .iter()
+                    .zip(want)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(
+                    worst <= tol && got.iter().all(|v| v.is_finite()),
+                    "{} {precision} hybrid={hybrid}: max abs error {worst} > {tol}",
+                    g.name
+                );
+                outs.push(got);
+            }
+            // Thunks (cuBLASLt, then the norm kernel) and the fused kernel
+            // round the matmul output the same way: only the order of the
+            // f32 sums differs.
+            let gap = outs[0]
+                .iter()
+                .zip(&outs[1])
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(gap <= tol, "{} {precision}: thunks vs hybrid {gap}", g.name);
+        }
+    }
+    println!("small matmuls with their LayerNorm match the CPU backend in bf16 and f16");
 }

@@ -40,6 +40,9 @@ pub struct CudaPlan {
     /// `Reduce`s that apply their input's `Binary` per element (the
     /// binary never materialized).
     pub fused_reduces: usize,
+    /// `FusedResidualLN`s that compute the matmul they read (small 16-bit
+    /// matmuls; the matmul never materialized).
+    pub fused_gemm_norms: usize,
 }
 
 /// Plan `graph` for CUDA as [`CudaModel::compile`](super::CudaModel::compile)
@@ -58,6 +61,7 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
     let (mut fused_chains, mut fused_nodes) = (0, 0);
     let (mut fused_gemvs, mut gemv_absorbed) = (0, 0);
     let (mut fused_ropes, mut rope_writes, mut fused_reduces) = (0, 0, 0);
+    let mut fused_gemm_norms = 0;
     for c in core.chains.iter().flat_map(|m| m.values()) {
         match c {
             crate::fuse::Fusion::Root(ch) => {
@@ -73,6 +77,7 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
                 rope_writes += 1 + f.v.is_some() as usize;
             }
             crate::fuse::Fusion::Reduce(_) => fused_reduces += 1,
+            crate::fuse::Fusion::GemmNorm(_) => fused_gemm_norms += 1,
             _ => {}
         }
     }
@@ -93,5 +98,6 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
         fused_ropes,
         rope_writes,
         fused_reduces,
+        fused_gemm_norms,
     })
 }
