@@ -50,6 +50,8 @@ pub(crate) enum Fusion {
     Reduce(Arc<crate::fuse_reduce::ReducePrologue>),
     /// A `FusedResidualLN` that computes the matmul it reads.
     GemmNorm(Arc<crate::fuse_norm::GemmNorm>),
+    /// A norm that computes the `Add` making its input.
+    NormAdd(Arc<crate::fuse_norm::NormAdd>),
     /// Done by an earlier node's launch (a `RopeCache`'s writes): no
     /// launch, but its place in the schedule stays.
     Done,
@@ -124,8 +126,9 @@ pub(crate) fn find_chains(g: &Graph, claimed: &HashSet<NodeId>) -> HashMap<NodeI
 
 /// Every fusion of a segment's sub-graph: the quantized GEMV groups
 /// ([`crate::fuse_gemv`]) first, then reductions with their binary
-/// ([`crate::fuse_reduce`]), matmuls with their norm
-/// ([`crate::fuse_norm`]), then elementwise chains over the rest,
+/// ([`crate::fuse_reduce`]), matmuls with their norm and norms with the
+/// Add before them ([`crate::fuse_norm`]), then elementwise chains over
+/// the rest,
 /// then decode ropes with their cache writes ([`crate::fuse_cache`]).
 /// `store` gives each node's storage.
 pub(crate) fn find_fusions(g: &Graph, store: impl Fn(NodeId) -> Store) -> HashMap<NodeId, Fusion> {
@@ -136,6 +139,8 @@ pub(crate) fn find_fusions(g: &Graph, store: impl Fn(NodeId) -> Store) -> HashMa
     ));
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
     m.extend(crate::fuse_norm::find_gemm_norms(g, &claimed, &store));
+    let claimed: HashSet<NodeId> = m.keys().copied().collect();
+    m.extend(crate::fuse_norm::find_norm_adds(g, &claimed, &store));
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
     m.extend(find_chains(g, &claimed));
     let ropes = crate::fuse_cache::find_rope_cache(g, &m, &store);
@@ -174,6 +179,7 @@ pub(crate) fn fused_ticks(g: &Graph, fusions: &HashMap<NodeId, Fusion>) -> Vec<T
             Some(Fusion::Gemv(f)) => Some(group(&f.nodes)),
             Some(Fusion::Reduce(f)) => Some(group(&f.nodes)),
             Some(Fusion::GemmNorm(f)) => Some(group(&f.nodes)),
+            Some(Fusion::NormAdd(f)) => Some(group(&f.nodes)),
         })
         .collect()
 }

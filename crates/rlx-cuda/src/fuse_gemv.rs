@@ -193,6 +193,7 @@ mod tests {
                 Some(Fusion::RopeCache(_) | Fusion::Done) => "rope",
                 Some(Fusion::Reduce(_)) => "reduce",
                 Some(Fusion::GemmNorm(_)) => "gemm-norm",
+                Some(Fusion::NormAdd(_)) => "norm-add",
             })
             .collect()
     }

@@ -9,6 +9,11 @@
 //! layer's output projection and second FFN matmul each lose a launch
 //! and a round trip of their output through memory.
 //!
+//! A norm (LayerNorm, RMSNorm, with or without a residual) whose `x` is an
+//! `Add` with no other user also reads the Add's two operands itself
+//! ([`find_norm_adds`]): the second may repeat as a trailing block (a
+//! BERT embedding sum, word + position, before its LayerNorm).
+//!
 //! Only small row counts fuse (at most [`MAX_ROWS`]): each 16-row tile
 //! reads the whole weight, which pays while the matmul is latency-bound
 //! and not once it is bandwidth-bound. Widths: the norm's `N` a multiple
@@ -16,7 +21,7 @@
 
 use crate::fuse::Fusion;
 use crate::store::{Dt, Store};
-use rlx_ir::{Graph, NodeId, Op};
+use rlx_ir::{BinaryOp, DType, Graph, NodeId, Op};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -97,6 +102,87 @@ pub(crate) fn find_gemm_norms(
     out
 }
 
+/// A norm that computes the `Add` making its input.
+#[derive(Debug)]
+pub(crate) struct NormAdd {
+    /// The absorbed Add's operand of the norm input's full shape.
+    pub full: NodeId,
+    /// Its other operand (a trailing block of that shape, repeated).
+    pub other: NodeId,
+    /// `[add, norm]`: the group's nodes, the root last.
+    pub nodes: Vec<NodeId>,
+}
+
+/// The norm-add groups of a segment's sub-graph, skipping nodes in
+/// `claimed`: the norm maps to [`Fusion::NormAdd`], its Add to
+/// [`Fusion::Interior`]. The full operand has the Add's storage; the
+/// repeated one may have any.
+pub(crate) fn find_norm_adds(
+    g: &Graph,
+    claimed: &HashSet<NodeId>,
+    store: impl Fn(NodeId) -> Store,
+) -> HashMap<NodeId, Fusion> {
+    let outputs: HashSet<NodeId> = g.outputs.iter().copied().collect();
+    let mut out = HashMap::new();
+    for ln in g.nodes() {
+        let is_norm = matches!(
+            ln.op,
+            Op::LayerNorm { .. }
+                | Op::RmsNorm { .. }
+                | Op::FusedResidualLN { .. }
+                | Op::FusedResidualRmsNorm { .. }
+        );
+        if !is_norm || claimed.contains(&ln.id) {
+            continue;
+        }
+        let add = g.node(ln.inputs[0]);
+        if add.op != Op::Binary(BinaryOp::Add)
+            || claimed.contains(&add.id)
+            || outputs.contains(&add.id)
+            || g.users(add.id).len() != 1
+            || ln.inputs[1..].contains(&add.id)
+            || add.shape.dtype != DType::F32
+        {
+            continue;
+        }
+        let dims = &add.shape.dims;
+        let (p, q) = (g.node(add.inputs[0]), g.node(add.inputs[1]));
+        // The trailing-block operand: its dims (leading 1s dropped) end
+        // the Add's dims.
+        let block = |n: &rlx_ir::Node| {
+            let d: Vec<usize> = n
+                .shape
+                .dims
+                .iter()
+                .copied()
+                .skip_while(|&x| x == 1)
+                .collect();
+            n.shape.numel() > 0 && dims.ends_with(&d)
+        };
+        let (full, other) = if &p.shape.dims == dims && block(q) {
+            (p, q)
+        } else if &q.shape.dims == dims && block(p) {
+            (q, p)
+        } else {
+            continue;
+        };
+        let fits = store(full.id).dt == store(add.id).dt
+            && [full.id, other.id]
+                .iter()
+                .all(|&i| !store(i).folded && g.node(i).shape.dtype == DType::F32);
+        if fits {
+            out.insert(add.id, Fusion::Interior);
+            let f = NormAdd {
+                full: full.id,
+                other: other.id,
+                nodes: vec![add.id, ln.id],
+            };
+            out.insert(ln.id, Fusion::NormAdd(Arc::new(f)));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,6 +226,55 @@ mod tests {
             panic!("not fused: {m:?}");
         };
         assert_eq!((f.matmul, f.pos, f.nodes.clone()), (mm, 0, vec![mm, ln]));
+    }
+
+    #[test]
+    fn an_embedding_sum_is_absorbed_by_its_norm() {
+        // word [2, 8, 16] + position [8, 16] (repeated per batch), then a
+        // residual LayerNorm with the token-type rows.
+        let mut g = Graph::new("emb");
+        let w = g.input("w", Shape::f32(&[2, 8, 16]));
+        let p = g.input("p", Shape::f32(&[8, 16]));
+        let t = g.input("t", Shape::f32(&[2, 8, 16]));
+        let gm = g.param("g", Shape::f32(&[16]));
+        let bt = g.param("b", Shape::f32(&[16]));
+        let add = g.push(Op::Binary(BinaryOp::Add), vec![p, w]).unwrap();
+        let op = Op::FusedResidualLN {
+            has_bias: false,
+            eps: 1e-12,
+        };
+        let ln = g.push(op, vec![add, t, gm, bt]).unwrap();
+        // An Add with a second user, and one broadcasting on a middle
+        // axis, stay.
+        let add2 = g.push(Op::Binary(BinaryOp::Add), vec![t, t]).unwrap();
+        let op = Op::LayerNorm {
+            axis: -1,
+            eps: 1e-5,
+        };
+        let ln2 = g.push(op.clone(), vec![add2, gm, bt]).unwrap();
+        let mid = g.input("m", Shape::f32(&[2, 1, 16]));
+        let add3 = g.push(Op::Binary(BinaryOp::Add), vec![w, mid]).unwrap();
+        let ln3 = g.push(op, vec![add3, gm, bt]).unwrap();
+        g.set_outputs(vec![ln, ln2, add2, ln3]);
+        let m = find_norm_adds(&g, &HashSet::new(), |_| Store::default());
+        assert!(matches!(m.get(&add), Some(Fusion::Interior)));
+        let Some(Fusion::NormAdd(f)) = m.get(&ln) else {
+            panic!("not fused: {m:?}");
+        };
+        assert_eq!((f.full, f.other, f.nodes.clone()), (w, p, vec![add, ln]));
+        assert_eq!(m.len(), 2, "{m:?}");
+        // The full operand must have the Add's storage; the repeated one
+        // may differ.
+        let mixed = |i: NodeId| Store {
+            dt: if i == w { Dt::Bf16 } else { Dt::F32 },
+            ..Store::default()
+        };
+        assert!(!find_norm_adds(&g, &HashSet::new(), mixed).contains_key(&ln));
+        let mixed = |i: NodeId| Store {
+            dt: if i == p { Dt::F32 } else { Dt::Bf16 },
+            ..Store::default()
+        };
+        assert!(find_norm_adds(&g, &HashSet::new(), mixed).contains_key(&ln));
     }
 
     #[test]

@@ -402,6 +402,8 @@ pub(crate) fn lower(
         Fusion::RopeCache(f) => return rope_cache(&cx, &f),
         Fusion::Reduce(f) => return reduce(&mut cx, Some(&f)),
         Fusion::GemmNorm(f) => return gemm_norm(&mut cx, &f),
+        // The norm's own lowering reads its absorbed Add (`norm_x`).
+        Fusion::NormAdd(_) => {}
         Fusion::Done => return Ok(vec![]),
         Fusion::Root(c) => {
             let n = out_shape.numel();
@@ -604,15 +606,16 @@ pub(crate) fn lower(
             }
             let gamma = cx.input(1)?;
             let beta = if rms { 0 } else { cx.input(2)? };
+            let (x, add, tx) = norm_x(&cx)?;
             let types = [
                 cx.dt_out(),
-                cx.dt_in(0),
+                tx,
                 Dt::F32,
                 Dt::F32,
                 cx.dt_in(1),
                 if rms { Dt::F32 } else { cx.dt_in(2) },
             ];
-            norm(&cx, cx.input(0)?, 0, 0, gamma, beta, *eps, rms, types)
+            norm(&cx, x, 0, 0, gamma, beta, *eps, rms, types, add)
         }
         Op::FusedResidualLN { has_bias, eps } | Op::FusedResidualRmsNorm { has_bias, eps } => {
             let rms = matches!(node.op, Op::FusedResidualRmsNorm { .. });
@@ -635,9 +638,10 @@ pub(crate) fn lower(
                     cx.shape(0)
                 ));
             }
+            let (x, add, tx) = norm_x(&cx)?;
             let types = [
                 cx.dt_out(),
-                cx.dt_in(0),
+                tx,
                 cx.dt_in(1),
                 if *has_bias { cx.dt_in(2) } else { Dt::F32 },
                 cx.dt_in(i),
@@ -645,7 +649,7 @@ pub(crate) fn lower(
             ];
             norm(
                 &cx,
-                cx.input(0)?,
+                x,
                 cx.input(1)?,
                 bias,
                 gamma,
@@ -653,6 +657,7 @@ pub(crate) fn lower(
                 *eps,
                 rms,
                 types,
+                add,
             )
         }
         Op::Reshape { .. } => same_or_copy(&cx, 0, n * esz),
@@ -1400,6 +1405,7 @@ fn gemm_norm<A: Addr>(
         eps,
         false,
         types,
+        None,
     )?);
     Ok(v)
 }
@@ -1415,6 +1421,7 @@ fn norm<A: Addr>(
     eps: f32,
     rms: bool,
     types: [Dt; 6],
+    add: Option<NormAdd>,
 ) -> Result<Vec<Launch>, String> {
     let s = cx.shape(0);
     let d = s.last_dim();
@@ -1423,8 +1430,40 @@ fn norm<A: Addr>(
     }
     let rows = s.numel() / d;
     let warps = d.div_ceil(128).clamp(1, 32);
+    let out = cx.out()?;
+    let warp_kernel = norm_warp_kernel(d, [x, res, bias, gamma, beta, out], types).filter(|_| {
+        add.is_none_or(|a| {
+            a.numel.is_multiple_of(4) && a.ptr.is_multiple_of(4 * a.dt.size() as u64)
+        })
+    });
+    let mut launches = vec![];
+    let x = match add {
+        Some(a) if warp_kernel.is_none() => {
+            // The absorbed Add first, into the output buffer; the norm then
+            // runs in place (each value is read before it is written).
+            let n = s.numel();
+            launches.push(elementwise(
+                "binary_mod_x",
+                n,
+                vec![
+                    Arg::P(out),
+                    Arg::P(x),
+                    Arg::P(a.ptr),
+                    Arg::L(n as i64),
+                    Arg::L(n as i64),
+                    Arg::L(a.numel as i64),
+                    Arg::I(bin_code(BinaryOp::Add)),
+                    Arg::I(types[1].code()),
+                    Arg::I(types[1].code()),
+                    Arg::I(a.dt.code()),
+                ],
+            ));
+            out
+        }
+        _ => x,
+    };
     let mut args = vec![
-        Arg::P(cx.out()?),
+        Arg::P(out),
         Arg::P(x),
         Arg::P(res),
         Arg::P(bias),
@@ -1435,8 +1474,11 @@ fn norm<A: Addr>(
         Arg::F(eps),
         Arg::I(rms as i32),
     ];
-    if let Some(name) = norm_warp_kernel(d, [x, res, bias, gamma, beta, cx.out()?], types) {
+    if let Some(name) = warp_kernel {
         let warps = if rows >= 1024 { 4 } else { 1 };
+        args.push(Arg::P(add.map_or(0, |a| a.ptr)));
+        args.push(Arg::L(add.map_or(1, |a| a.numel) as i64));
+        args.push(Arg::I(add.map_or(0, |a| a.dt.code())));
         return Ok(vec![Launch::Kernel {
             name,
             grid: [rows.div_ceil(warps) as u32, 1, 1],
@@ -1446,12 +1488,42 @@ fn norm<A: Addr>(
     }
     // The general kernel: one block per row, any mix of storage types.
     args.extend(types.iter().map(|t| Arg::I(t.code())));
-    Ok(vec![Launch::Kernel {
+    launches.push(Launch::Kernel {
         name: "norm_rows_x",
         grid: [int(rows, "rows")? as u32, 1, 1],
         block: 32 * warps as u32,
         args,
-    }])
+    });
+    Ok(launches)
+}
+
+/// The second operand of an Add absorbed by a norm (see
+/// [`crate::fuse_norm`]): its address, element count (it repeats as a
+/// trailing block of the norm's input) and storage.
+#[derive(Debug, Clone, Copy)]
+struct NormAdd {
+    ptr: u64,
+    numel: usize,
+    dt: Dt,
+}
+
+/// The norm's `x` (input 0) and, when the norm absorbed the Add making
+/// it, that Add's second operand.
+fn norm_x<A: Addr>(cx: &Cx<'_, A>) -> Result<(u64, Option<NormAdd>, Dt), String> {
+    let Fusion::NormAdd(f) = cx.addr.fusion(cx.node.id) else {
+        return Ok((cx.input(0)?, None, cx.dt_in(0)));
+    };
+    let at = |id: NodeId| {
+        cx.addr
+            .addr(id)
+            .ok_or_else(|| format!("norm-add input (node {id}) has no device address"))
+    };
+    let add = NormAdd {
+        ptr: at(f.other)?,
+        numel: cx.graph.node(f.other).shape.numel(),
+        dt: cx.addr.store(f.other).dt,
+    };
+    Ok((at(f.full)?, Some(add), cx.addr.store(f.full).dt))
 }
 
 /// The one-warp-per-row norm kernel for rows of `d` values, when x, the

@@ -815,9 +815,26 @@ __device__ __forceinline__ void st4(void* p, long long i, const float* v) {
         make_uint2((unsigned)h[0] | ((unsigned)h[1] << 16), (unsigned)h[2] | ((unsigned)h[3] << 16));
 }
 
+// f32 value v rounded to storage type T (0 f32, 1 bf16, 2 f16).
+template <int T>
+__device__ __forceinline__ float round_t(float v) {
+    if (T == 1) return __uint_as_float(((unsigned int)f2bf(v)) << 16);
+    if (T == 2) {
+        unsigned short h;
+        float r;
+        asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(v));
+        asm("{ cvt.f32.f16 %0, %1; }" : "=f"(r) : "h"(h));
+        return r;
+    }
+    return v;
+}
+
 // LayerNorm / RMSNorm of one row per warp: v = x + res + bias (res, bias may
 // be null), f32 statistics (mean, then the mean squared deviation, as
 // norm_rows_x). x, res and out are stored as T; bias, gamma and beta as P.
+// With x2 non-null, x is first x + x2[i % n2] rounded to T (an absorbed
+// Add, its second operand broadcast as a trailing block, of type t2;
+// n2 % 4 == 0).
 // Lane l holds columns 4 (32 c + l) .. + 3 for c < NC: one vector load per
 // tensor and chunk, all issued before any arithmetic. d % 4 == 0,
 // d <= 128 NC, and every pointer is aligned to 4 elements.
@@ -825,21 +842,35 @@ template <int T, int P, int NC>
 __device__ __forceinline__ void norm_warp_body(void* out, const void* x, const void* res,
                                                const void* bias, const void* gamma,
                                                const void* beta, int rows, int d, float eps,
-                                               int rms) {
+                                               int rms, const void* x2, long long n2,
+                                               int t2) {
     int lane = threadIdx.x & 31;
     int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     long long base = (long long)row * d;
-    float v[NC][4], r[NC][4], b[NC][4];
+    float v[NC][4], r[NC][4], b[NC][4], e[NC][4];
     #pragma unroll
     for (int c = 0; c < NC; ++c) {
         int col = (c * 32 + lane) * 4;
         bool in = col < d;
         #pragma unroll
-        for (int k = 0; k < 4; ++k) { v[c][k] = 0.0f; r[c][k] = 0.0f; b[c][k] = 0.0f; }
+        for (int k = 0; k < 4; ++k) { v[c][k] = 0.0f; r[c][k] = 0.0f; b[c][k] = 0.0f; e[c][k] = 0.0f; }
         if (in) ld4<T>(x, base + col, v[c]);
+        if (in && x2) {
+            long long i2 = (base + col) % n2;
+            if (t2 == 0) ld4<0>(x2, i2, e[c]);
+            else if (t2 == 1) ld4<1>(x2, i2, e[c]);
+            else ld4<2>(x2, i2, e[c]);
+        }
         if (in && res) ld4<T>(res, base + col, r[c]);
         if (in && bias) ld4<P>(bias, col, b[c]);
+    }
+    if (x2) {
+        #pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            #pragma unroll
+            for (int k = 0; k < 4; ++k) v[c][k] = round_t<T>(v[c][k] + e[c][k]);
+        }
     }
     float s = 0.0f;
     #pragma unroll
@@ -1305,8 +1336,9 @@ ATTN_TC(attention_tc_d64_f16, 64, 2)
 #define NORM_W(NAME, T, P, NC)                                                          \
 __global__ void NAME(void* out, const void* x, const void* res, const void* bias,       \
                      const void* gamma, const void* beta, int rows, int d, float eps,   \
-                     int rms) {                                                         \
-    norm_warp_body<T, P, NC>(out, x, res, bias, gamma, beta, rows, d, eps, rms);        \
+                     int rms, const void* x2, long long n2, int t2) {                   \
+    norm_warp_body<T, P, NC>(out, x, res, bias, gamma, beta, rows, d, eps, rms, x2, n2,  \
+                             t2);                                                       \
 }
 NORM_W(norm_warp_f32_f32_4, 0, 0, 4)
 NORM_W(norm_warp_bf16_f32_4, 1, 0, 4)

@@ -527,19 +527,24 @@ fn half_attention_on_tensor_cores_matches_the_cpu() {
     println!("tensor-core attention matches the CPU backend in bf16 and f16");
 }
 
-/// `FusedResidualLN(x + x, r + r, bias, g, beta)` and `RmsNorm(x + x, g)`
-/// on `[rows, d]` (the sums make the rows 16-bit under bf16 / f16).
+/// `FusedResidualLN(x + x, r + r, bias, g, beta)`, `RmsNorm(x + x, g)`
+/// and `LayerNorm((e + e) + (p + p), g, beta)` on `[rows, d]` with `p`
+/// `[d]` (the sums make the rows 16-bit under bf16 / f16; the last Add
+/// is absorbed by its norm in hybrid segments, `p` repeating per row).
 fn norm_graph(rows: usize, d: usize) -> Graph {
     use rlx::ir::op::BinaryOp;
     use rlx::ir::Shape;
     let mut g = Graph::new(format!("norms_{rows}x{d}"));
     let x = g.input("x", Shape::f32(&[rows, d]));
     let r = g.input("r", Shape::f32(&[rows, d]));
+    let e = g.input("e", Shape::f32(&[rows, d]));
+    let p = g.input("p", Shape::f32(&[d]));
     let bias = g.param("bias", Shape::f32(&[d]));
     let gamma = g.param("g", Shape::f32(&[d]));
     let beta = g.param("beta", Shape::f32(&[d]));
-    let x2 = g.push(Op::Binary(BinaryOp::Add), vec![x, x]).unwrap();
-    let r2 = g.push(Op::Binary(BinaryOp::Add), vec![r, r]).unwrap();
+    let add = |g: &mut Graph, a, b| g.push(Op::Binary(BinaryOp::Add), vec![a, b]).unwrap();
+    let x2 = add(&mut g, x, x);
+    let r2 = add(&mut g, r, r);
     let op = Op::FusedResidualLN {
         has_bias: true,
         eps: 1e-5,
@@ -550,18 +555,25 @@ fn norm_graph(rows: usize, d: usize) -> Graph {
         eps: 1e-6,
     };
     let rms = g.push(op, vec![x2, gamma]).unwrap();
-    g.set_outputs(vec![ln, rms]);
+    let (e2, p2) = (add(&mut g, e, e), add(&mut g, p, p));
+    let ep = add(&mut g, e2, p2);
+    let op = Op::LayerNorm {
+        axis: -1,
+        eps: 1e-5,
+    };
+    let ln2 = g.push(op, vec![ep, gamma, beta]).unwrap();
+    g.set_outputs(vec![ln, rms, ln2]);
     g
 }
 
 #[test]
-fn half_norms_match_the_cpu() {
+fn norms_match_the_cpu_in_every_precision() {
     if !cuda_or_skip() {
         return;
     }
     // 384 / 576 / 1024: one warp per row (4 or 8 chunks of 4 per lane;
     // 1030 rows: 4 rows per block, the last block partial); 30 and 1100:
-    // the block-per-row kernel.
+    // the block-per-row kernel (with the absorbed Add run before it).
     for (rows, d) in [
         (7, 384),
         (1030, 384),
@@ -577,16 +589,41 @@ fn half_norms_match_the_cpu() {
                 .map(|i| ((i * k + 5) % 41) as f32 / 32.0 - 0.6)
                 .collect()
         };
-        let (xs, rs) = (grid(rows * d, 7919), grid(rows * d, 104_729));
+        let (xs, rs, es) = (
+            grid(rows * d, 7919),
+            grid(rows * d, 104_729),
+            grid(rows * d, 31),
+        );
+        let ps = grid(d, 53);
         let (bias, gamma, beta) = (grid(d, 31), grid(d, 17), grid(d, 13));
-        let inputs = [("x", TensorRef::F32(&xs)), ("r", TensorRef::F32(&rs))];
+        let inputs = [
+            ("x", TensorRef::F32(&xs)),
+            ("r", TensorRef::F32(&rs)),
+            ("e", TensorRef::F32(&es)),
+            ("p", TensorRef::F32(&ps)),
+        ];
         let params = [("bias", &bias), ("g", &gamma), ("beta", &beta)];
         let mut cpu = Session::new(Device::Cpu).compile(g.clone()).unwrap();
         for (name, v) in params {
             cpu.set_param(name, v).unwrap();
         }
         let want = cpu.run_typed(&inputs).unwrap();
-        for (precision, tol) in [(Precision::Bf16, 3e-2f32), (Precision::F16, 4e-3)] {
+        let plan = rlx::cuda::plan(
+            g.clone(),
+            &CudaOptions {
+                hybrid: true,
+                precision: Precision::Bf16,
+                ..CudaOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(plan.fused_norm_adds, 1, "{}: {plan:?}", g.name);
+        let precisions = [
+            (Precision::F32, 1e-4f32),
+            (Precision::Bf16, 3e-2),
+            (Precision::F16, 4e-3),
+        ];
+        for (precision, tol) in precisions {
             for mode in [ExecMode::Thunks, ExecMode::Hybrid] {
                 let session = Session::new(Device::Cuda(0))
                     .mode(mode)
@@ -612,7 +649,7 @@ fn half_norms_match_the_cpu() {
             }
         }
     }
-    println!("half-precision norms match the CPU backend");
+    println!("norms (and norms absorbing an Add) match the CPU backend in f32, bf16 and f16");
 }
 
 /// `FusedResidualLN` over a matmul `[rows, k] x [k, n]` (with or without

@@ -43,6 +43,8 @@ pub struct CudaPlan {
     /// `FusedResidualLN`s that compute the matmul they read (small 16-bit
     /// matmuls; the matmul never materialized).
     pub fused_gemm_norms: usize,
+    /// Norms that compute the `Add` making their input.
+    pub fused_norm_adds: usize,
 }
 
 /// Plan `graph` for CUDA as [`CudaModel::compile`](super::CudaModel::compile)
@@ -61,7 +63,7 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
     let (mut fused_chains, mut fused_nodes) = (0, 0);
     let (mut fused_gemvs, mut gemv_absorbed) = (0, 0);
     let (mut fused_ropes, mut rope_writes, mut fused_reduces) = (0, 0, 0);
-    let mut fused_gemm_norms = 0;
+    let (mut fused_gemm_norms, mut fused_norm_adds) = (0, 0);
     for c in core.chains.iter().flat_map(|m| m.values()) {
         match c {
             crate::fuse::Fusion::Root(ch) => {
@@ -78,6 +80,7 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
             }
             crate::fuse::Fusion::Reduce(_) => fused_reduces += 1,
             crate::fuse::Fusion::GemmNorm(_) => fused_gemm_norms += 1,
+            crate::fuse::Fusion::NormAdd(_) => fused_norm_adds += 1,
             _ => {}
         }
     }
@@ -99,5 +102,6 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
         rope_writes,
         fused_reduces,
         fused_gemm_norms,
+        fused_norm_adds,
     })
 }
