@@ -14,7 +14,8 @@
 //! ([`find_norm_adds`]): the second may repeat as a trailing block (a
 //! BERT embedding sum, word + position, before its LayerNorm).
 //!
-//! Only small row counts fuse (at most [`MAX_ROWS`]): each 16-row tile
+//! Only small row counts fuse (at most [`MAX_ROWS`]; none with
+//! `RLX_CUDA_SMALL_GEMM=0`): each 16-row tile
 //! reads the whole weight, which pays while the matmul is latency-bound
 //! and not once it is bandwidth-bound. Widths: the norm's `N` a multiple
 //! of 64 up to 1024, the matmul's `K` a multiple of 64.
@@ -51,6 +52,9 @@ pub(crate) fn find_gemm_norms(
 ) -> HashMap<NodeId, Fusion> {
     let outputs: HashSet<NodeId> = g.outputs.iter().copied().collect();
     let mut out = HashMap::new();
+    if !crate::lower::small_gemm_enabled() {
+        return out;
+    }
     for ln in g.nodes() {
         if !matches!(ln.op, Op::FusedResidualLN { .. }) || claimed.contains(&ln.id) {
             continue;

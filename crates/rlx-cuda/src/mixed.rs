@@ -43,6 +43,8 @@ pub const KERNELS: &[&str] = &[
     "norm_warp_f16_f16_8",
     "gemm_ln_bf16",
     "gemm_ln_f16",
+    "gemm_bias_act_bf16",
+    "gemm_bias_act_f16",
 ];
 
 /// The tensor-core attention kernel for 16-bit q/k/v of one type, if the
@@ -972,38 +974,24 @@ __device__ __forceinline__ void st8h(void* p, long long i, const float* v) {
     *(uint4*)((unsigned short*)p + i) = u;
 }
 
-// A matmul with its LayerNorm: c = A W^T + bias (rounded to T, as the
-// matmul's own output would be), v = c + res (+ lnb), out = LN(v) gamma +
-// beta. A [M, K] (row stride lda), W [N, K] (a weight stored [out, in]),
-// res and out [M, N]: all 16-bit of type T; bias, lnb, gamma, beta of any
-// type (codes tb .. tbeta; bias, lnb and beta may be null). grid (N / 64,
-// ceil(M / 16)), 128 threads: a block computes a 16 x 64 tile (its 4 warps
-// split each 64-wide K stage in 16s on mma.m16n8k16; stages are
-// double-buffered three deep with cp.async), writes c and the tile's row
-// statistics (mean and the sum of squared deviations over its 64 columns)
-// to `stats`, and counts itself in `counters[blockIdx.y]`. The last block
-// of a row tile to finish merges the statistics (Chan's formula), resets
-// the counter (so the next launch, or graph replay, starts from zero) and
-// normalizes the tile's 16 full rows in place. K % 64 == 0, N % 64 == 0,
-// N <= 1024; A, W, res, out 16-byte aligned, lda % 8 == 0. Before sm_80
-// the tile is computed on CUDA cores (same epilogue).
+// One 16 x 64 tile of C = A W^T (f32) for 128 threads: A [M, K] (row
+// stride lda), W [N, K] (a weight stored [out, in]), both 16-bit of type
+// T; the tile at rows m0.., columns n0... The 4 warps split each 64-wide K
+// stage in 16s on mma.m16n8k16, stages triple-buffered with cp.async (rows
+// past M zero-filled); the warps' partial tiles are summed through shared
+// memory. Thread t gets row t / 8, columns (t % 8) * 8 .. + 7 in cv.
+// K % 64 == 0; A and W 16-byte aligned, lda % 8 == 0. Before sm_80 the
+// tile is computed on CUDA cores.
 template <int T>
-__device__ __forceinline__ void gemm_ln_body(
-    void* out, const void* a, const void* w, const void* bias, const void* res,
-    const void* lnb, const void* gamma, const void* beta, int M, int N, int K, int lda,
-    float eps, int tb, int tlnb, int tg, int tbeta, float* stats, int* counters) {
+__device__ __forceinline__ void gemm_tile16x64(const void* a, const void* w, int M, int K,
+                                               int lda, int m0, int n0, float* cv) {
     constexpr int BM = 16, BN = 64, BK = 64, ST = 3, LDS = BK + 8;
     __shared__ __align__(16) unsigned short sa[ST][BM * LDS];
     __shared__ __align__(16) unsigned short sw[ST][BN * LDS];
-    __shared__ float smean[BM], sinv[BM];
-    __shared__ int is_last;
     const unsigned short* A = (const unsigned short*)a;
     const unsigned short* W = (const unsigned short*)w;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-    // This thread's part of the tile: row er, columns ec .. ec + 7.
     int er = tid >> 3, ec = (tid & 7) * 8;
-    float cv[8];
 #if __CUDA_ARCH__ >= 800
     int nk = K / BK;
     float acc[8][4];
@@ -1089,6 +1077,55 @@ __device__ __forceinline__ void gemm_ln_body(
         }
     }
 #endif
+}
+
+// A small matmul with its epilogue: out = act(A W^T + bias) (act_apply's
+// code; 12: none), A [M, K], W [N, K] and out [M, N] 16-bit of type T,
+// bias of any type (tb; may be null). grid (N / 64, ceil(M / 16)), 128
+// threads; N % 64 == 0, out 16-byte aligned (and gemm_tile16x64's needs).
+template <int T>
+__device__ __forceinline__ void gemm_bias_act_body(void* out, const void* a, const void* w,
+                                                   const void* bias, int M, int N, int K,
+                                                   int lda, int act, int tb) {
+    int tid = threadIdx.x;
+    int m0 = blockIdx.y * 16, n0 = blockIdx.x * 64;
+    int er = tid >> 3, ec = (tid & 7) * 8;
+    float cv[8];
+    gemm_tile16x64<T>(a, w, M, K, lda, m0, n0, cv);
+    if (m0 + er >= M) return;
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        float x = cv[j] + (bias ? ldx(bias, n0 + ec + j, tb) : 0.0f);
+        cv[j] = act_apply(act, x);
+    }
+    st8h<T>(out, (long long)(m0 + er) * N + n0 + ec, cv);
+}
+
+// A matmul with its LayerNorm: c = A W^T + bias (rounded to T, as the
+// matmul's own output would be), v = c + res (+ lnb), out = LN(v) gamma +
+// beta. A [M, K] (row stride lda), W [N, K], res and out [M, N]: all
+// 16-bit of type T; bias, lnb, gamma, beta of any type (codes tb ..
+// tbeta; bias, lnb and beta may be null). grid (N / 64, ceil(M / 16)), 128
+// threads: a block computes a 16 x 64 tile (gemm_tile16x64), writes c and
+// the tile's row statistics (mean and the sum of squared deviations over
+// its 64 columns) to `stats`, and counts itself in `counters[blockIdx.y]`.
+// The last block of a row tile to finish merges the statistics (Chan's
+// formula), resets the counter (so the next launch, or graph replay,
+// starts from zero) and normalizes the tile's 16 full rows in place.
+// N % 64 == 0, N <= 1024, res and out 16-byte aligned.
+template <int T>
+__device__ __forceinline__ void gemm_ln_body(
+    void* out, const void* a, const void* w, const void* bias, const void* res,
+    const void* lnb, const void* gamma, const void* beta, int M, int N, int K, int lda,
+    float eps, int tb, int tlnb, int tg, int tbeta, float* stats, int* counters) {
+    constexpr int BM = 16, BN = 64;
+    __shared__ float smean[BM], sinv[BM];
+    __shared__ int is_last;
+    int tid = threadIdx.x;
+    int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    int er = tid >> 3, ec = (tid & 7) * 8;
+    float cv[8];
+    gemm_tile16x64<T>(a, w, M, K, lda, m0, n0, cv);
     int row = m0 + er;
     bool in = row < M;
     float rv[8];
@@ -1361,6 +1398,15 @@ __global__ void __launch_bounds__(128) NAME(                                    
 }
 GEMM_LN(gemm_ln_bf16, 1)
 GEMM_LN(gemm_ln_f16, 2)
+
+#define GEMM_BA(NAME, T)                                                                  \
+__global__ void __launch_bounds__(128) NAME(                                               \
+    void* out, const void* a, const void* w, const void* bias, int M, int N, int K,       \
+    int lda, int act, int tb) {                                                           \
+    gemm_bias_act_body<T>(out, a, w, bias, M, N, K, lda, act, tb);                        \
+}
+GEMM_BA(gemm_bias_act_bf16, 1)
+GEMM_BA(gemm_bias_act_f16, 2)
 
 } // extern "C"
 "#

@@ -15,6 +15,9 @@
 //! - LayerNorm / RMSNorm (with residual and bias) on 16-bit rows of widths
 //!   for the one-warp-per-row kernel and for the general one, against the
 //!   CPU backend;
+//! - small 16-bit matmuls on rlx's own tensor-core kernel (up to 256 rows;
+//!   biases, activations, row counts off its 16-row tile) and past it on
+//!   cuBLASLt, against the CPU backend;
 //! - a small 16-bit matmul fused with the LayerNorm reading it (one
 //!   `gemm_ln` kernel in hybrid segments): row counts on and off the
 //!   16-row tile, several widths, the matmul as the norm's x or residual,
@@ -784,9 +787,9 @@ fn small_matmul_with_its_layernorm_is_one_kernel_and_matches_the_cpu() {
                 );
                 outs.push(got);
             }
-            // Thunks (cuBLASLt, then the norm kernel) and the fused kernel
-            // round the matmul output the same way: only the order of the
-            // f32 sums differs.
+            // Thunks (the small-matmul kernel, then the norm kernel) and
+            // the fused kernel round the matmul output the same way: only
+            // the order of the f32 sums differs.
             let gap = outs[0]
                 .iter()
                 .zip(&outs[1])
@@ -796,4 +799,85 @@ fn small_matmul_with_its_layernorm_is_one_kernel_and_matches_the_cpu() {
         }
     }
     println!("small matmuls with their LayerNorm match the CPU backend in bf16 and f16");
+}
+
+#[test]
+fn small_half_matmuls_match_the_cpu() {
+    if !cuda_or_skip() {
+        return;
+    }
+    use rlx::ir::op::Activation;
+    use rlx::ir::Shape;
+    // (rows, k, n, activation; None for a plain MatMul): MiniLM's QKV and
+    // FFN matmuls at 1x128, rows off the 16-row tile, 256 (the last size
+    // on rlx's kernel) and 257 (cuBLASLt).
+    let cases = [
+        (128, 384, 1152, Some(None)),
+        (128, 384, 1536, Some(Some(Activation::Gelu))),
+        (1, 64, 64, Some(Some(Activation::Relu))),
+        (23, 128, 192, None),
+        (256, 192, 128, Some(Some(Activation::Silu))),
+        (257, 128, 64, Some(None)),
+    ];
+    for (rows, k, n, fused) in cases {
+        let mut g = Graph::new(format!("mm_{rows}x{k}x{n}_{fused:?}"));
+        let a = g.input("a", Shape::f32(&[rows, k]));
+        let w = g.param("w", Shape::f32(&[k, n]));
+        let y = match fused {
+            Some(act) => {
+                let b = g.param("b", Shape::f32(&[n]));
+                let op = Op::FusedMatMulBiasAct { activation: act };
+                g.push(op, vec![a, w, b]).unwrap()
+            }
+            None => g.push(Op::MatMul, vec![a, w]).unwrap(),
+        };
+        g.set_outputs(vec![y]);
+        let grid = |len: usize, mul: usize, scale: f32| -> Vec<f32> {
+            (0..len)
+                .map(|i| (((i * mul + 3) % 65) as f32 / 64.0 - 0.5) * scale)
+                .collect()
+        };
+        let av = grid(rows * k, 7919, 1.0);
+        let wv = grid(k * n, 31_337, 4.0 / (k as f32).sqrt());
+        let bv = grid(n, 17, 1.0);
+        let inputs = [("a", TensorRef::F32(&av))];
+        let mut params = vec![("w", &wv)];
+        if fused.is_some() {
+            params.push(("b", &bv));
+        }
+        let mut cpu = Session::new(Device::Cpu).compile(g.clone()).unwrap();
+        for (name, v) in &params {
+            cpu.set_param(name, v).unwrap();
+        }
+        let want = cpu.run_typed(&inputs).unwrap();
+        let want = want[0].as_f32().unwrap();
+        let peak = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        // The output is rounded to 16 bits: relative to the largest value.
+        for (precision, rel) in [(Precision::Bf16, 1e-2f32), (Precision::F16, 2e-3)] {
+            for hybrid in [false, true] {
+                let opts = CudaOptions {
+                    hybrid,
+                    precision,
+                    ..CudaOptions::default()
+                };
+                let mut m = CudaModel::compile(g.clone(), &opts).unwrap();
+                for (name, v) in &params {
+                    m.set_param(name, TensorRef::F32(v)).unwrap();
+                }
+                let got = m.run(&inputs).unwrap();
+                let got = got[0].as_f32().unwrap();
+                let worst = got
+                    .iter()
+                    .zip(want)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0f32, f32::max);
+                assert!(
+                    worst <= rel * peak && got.iter().all(|v| v.is_finite()),
+                    "{} {precision} hybrid={hybrid}: max abs error {worst} > {rel} x {peak}",
+                    g.name
+                );
+            }
+        }
+    }
+    println!("small 16-bit matmuls match the CPU backend in bf16 and f16");
 }
