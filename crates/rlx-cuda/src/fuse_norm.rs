@@ -18,7 +18,7 @@
 //! `RLX_CUDA_SMALL_GEMM=0`): each 16-row tile
 //! reads the whole weight, which pays while the matmul is latency-bound
 //! and not once it is bandwidth-bound. Widths: the norm's `N` a multiple
-//! of 64 up to 1024, the matmul's `K` a multiple of 64.
+//! of 32 up to 1024, the matmul's `K` a multiple of 64.
 
 use crate::fuse::Fusion;
 use crate::store::{Dt, Store};
@@ -85,7 +85,7 @@ pub(crate) fn find_gemm_norms(
                 && (1..=MAX_ROWS).contains(&rows)
                 && k > 0
                 && k.is_multiple_of(64)
-                && n.is_multiple_of(64)
+                && n.is_multiple_of(32)
                 && n <= 1024
                 && [a.id, w.id, mm.id, ln.inputs[1 - pos]]
                     .iter()
@@ -282,6 +282,43 @@ mod tests {
     }
 
     #[test]
+    fn the_cuda_plan_fuses_a_half_layer_and_not_an_f32_one() {
+        // (a + a) @ w + b, residual r + r, LayerNorm, negated: the matmul
+        // and norm are 16-bit inside the segment (graph inputs and outputs
+        // stay f32). Planned without a device.
+        let mut g = Graph::new("plan");
+        let a = g.input("a", Shape::f32(&[128, 384]));
+        let r = g.input("r", Shape::f32(&[128, 384]));
+        let add = |g: &mut Graph, x| g.push(Op::Binary(BinaryOp::Add), vec![x, x]).unwrap();
+        let (a2, r2) = (add(&mut g, a), add(&mut g, r));
+        let w = g.param("w", Shape::f32(&[384, 384]));
+        let b = g.param("b", Shape::f32(&[384]));
+        let gm = g.param("g", Shape::f32(&[384]));
+        let bt = g.param("beta", Shape::f32(&[384]));
+        let op = Op::FusedMatMulBiasAct { activation: None };
+        let mm = g.push(op, vec![a2, w, b]).unwrap();
+        let op = Op::FusedResidualLN {
+            has_bias: false,
+            eps: 1e-5,
+        };
+        let ln = g.push(op, vec![mm, r2, gm, bt]).unwrap();
+        let y = g.push(Op::Activation(Activation::Neg), vec![ln]).unwrap();
+        g.set_outputs(vec![y]);
+        for (precision, fused) in [
+            (rlx_runtime::Precision::Bf16, 1),
+            (rlx_runtime::Precision::F32, 0),
+        ] {
+            let opts = crate::CudaOptions {
+                hybrid: true,
+                precision,
+                ..Default::default()
+            };
+            let p = crate::plan(g.clone(), &opts).unwrap();
+            assert_eq!(p.fused_gemm_norms, fused, "{precision}: {p:?}");
+        }
+    }
+
+    #[test]
     fn what_does_not_fuse() {
         // f32 storage, an activation, too many rows, widths off the tile
         // grid, an untransposed weight, a claimed node.
@@ -296,7 +333,7 @@ mod tests {
             (128, 384, 384, Some(Activation::Gelu)),
             (MAX_ROWS + 1, 384, 384, None),
             (128, 100, 384, None),
-            (128, 384, 96, None),
+            (128, 384, 80, None),
             (128, 384, 1088, None),
         ] {
             let (g, mm, _) = layer(rows, k, n, act);

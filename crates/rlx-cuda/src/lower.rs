@@ -1317,9 +1317,9 @@ pub(crate) fn small_gemm_enabled() -> bool {
 
 /// A 16-bit matmul (with its bias and activation) of at most
 /// [`crate::fuse_norm::MAX_ROWS`] rows against an `[out, in]` weight as one
-/// `gemm_bias_act` launch: 16 x 64 output tiles, so that even a 128-row
-/// matmul spreads over one block per tile (cuBLASLt's tiles are larger
-/// and take several microseconds here). `None` where the shapes, storage
+/// `gemm_bias_act` launch, so that even a 128-row
+/// matmul spreads over many blocks (16 x 32 output tiles, all of a short
+/// K in flight at once). `None` where the shapes, storage
 /// or alignment do not fit.
 fn small_gemm<A: Addr>(cx: &Cx<'_, A>, a: &Shape, b: &Shape) -> Result<Option<Launch>, String> {
     let (k, n) = (a.last_dim(), b.last_dim());
@@ -1335,12 +1335,12 @@ fn small_gemm<A: Addr>(cx: &Cx<'_, A>, a: &Shape, b: &Shape) -> Result<Option<La
         && (1..=crate::fuse_norm::MAX_ROWS).contains(&rows)
         && k > 0
         && k.is_multiple_of(64)
-        && n.is_multiple_of(64);
+        && n.is_multiple_of(32);
     if !fits {
         return Ok(None);
     }
     let (pa, pw, out) = (cx.input(0)?, cx.input(1)?, cx.out()?);
-    if ![pa, pw, out].iter().all(|p| p.is_multiple_of(16)) {
+    if !(pa.is_multiple_of(16) && pw.is_multiple_of(16) && out.is_multiple_of(8)) {
         return Ok(None);
     }
     let (bias, tb, act) = match &cx.node.op {
@@ -1359,7 +1359,7 @@ fn small_gemm<A: Addr>(cx: &Cx<'_, A>, a: &Shape, b: &Shape) -> Result<Option<La
     };
     Ok(Some(Launch::Kernel {
         name,
-        grid: [(n / 64) as u32, rows.div_ceil(16) as u32, 1],
+        grid: [(n / 32) as u32, rows.div_ceil(16) as u32, 1],
         block: 128,
         args: vec![
             Arg::P(out),
@@ -1377,9 +1377,9 @@ fn small_gemm<A: Addr>(cx: &Cx<'_, A>, a: &Shape, b: &Shape) -> Result<Option<La
 }
 
 /// A matmul and the `FusedResidualLN` reading it (`cx` is the norm's) as
-/// one `gemm_ln` launch; where an operand is not 16-byte aligned (the
-/// kernel loads 8 values at a time), the matmul writes the norm's output
-/// buffer and the norm runs in place after it.
+/// one `gemm_ln` launch; where an operand is not aligned for the kernel's
+/// vector loads, the matmul writes the norm's output buffer and the norm
+/// runs in place after it.
 fn gemm_norm<A: Addr>(
     cx: &mut Cx<'_, A>,
     f: &crate::fuse_norm::GemmNorm,
@@ -1407,13 +1407,17 @@ fn gemm_norm<A: Addr>(
     let t = cx.dt_out();
     let out = cx.out()?;
     let (pa, pw, pr) = (at(a)?, at(w)?, at(r)?);
-    if [pa, pw, pr, out].iter().all(|p| p.is_multiple_of(16)) {
+    if pa.is_multiple_of(16)
+        && pw.is_multiple_of(16)
+        && pr.is_multiple_of(8)
+        && out.is_multiple_of(8)
+    {
         let name = match t {
             Dt::Bf16 => "gemm_ln_bf16",
             Dt::F16 => "gemm_ln_f16",
             Dt::F32 => return Err("gemm_ln needs 16-bit storage".into()),
         };
-        let (tiles, blocks) = (m.div_ceil(16), n / 64);
+        let (tiles, blocks) = (m.div_ceil(16), n / 32);
         let stats = cx.push_meta(&vec![0; tiles * blocks * 32]);
         let counters = cx.push_meta(&vec![0; tiles]);
         let args = vec![

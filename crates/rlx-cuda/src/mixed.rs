@@ -932,74 +932,34 @@ __device__ __forceinline__ float ldcg_f(const float* p) {
     return v;
 }
 
-// 8 consecutive 16-bit values at element i (16-byte aligned) of type T
-// (1 bf16, 2 f16) as f32; `cg` reads through L2 only (data another block
-// of this kernel wrote).
-template <int T>
-__device__ __forceinline__ void ld8h(const void* p, long long i, float* v, bool cg) {
-    uint4 u;
-    const unsigned short* a = (const unsigned short*)p + i;
-    if (cg)
-        asm volatile("ld.global.cg.v4.u32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(a));
-    else
-        u = *(const uint4*)a;
-    unsigned w[4] = {u.x, u.y, u.z, u.w};
-    #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        unsigned short h = (unsigned short)(w[k >> 1] >> (16 * (k & 1)));
-        if (T == 1) {
-            v[k] = __uint_as_float(((unsigned int)h) << 16);
-        } else {
-            float f;
-            asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
-            v[k] = f;
-        }
-    }
-}
-
-template <int T>
-__device__ __forceinline__ void st8h(void* p, long long i, const float* v) {
-    unsigned short h[8];
-    #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        if (T == 1) h[k] = f2bf(v[k]);
-        else asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h[k]) : "f"(v[k]));
-    }
-    uint4 u;
-    u.x = (unsigned)h[0] | ((unsigned)h[1] << 16);
-    u.y = (unsigned)h[2] | ((unsigned)h[3] << 16);
-    u.z = (unsigned)h[4] | ((unsigned)h[5] << 16);
-    u.w = (unsigned)h[6] | ((unsigned)h[7] << 16);
-    *(uint4*)((unsigned short*)p + i) = u;
-}
-
-// One 16 x 64 tile of C = A W^T (f32) for 128 threads: A [M, K] (row
+// One 16 x 32 tile of C = A W^T (f32) for 128 threads: A [M, K] (row
 // stride lda), W [N, K] (a weight stored [out, in]), both 16-bit of type
-// T; the tile at rows m0.., columns n0... The 4 warps split each 64-wide K
-// stage in 16s on mma.m16n8k16, stages triple-buffered with cp.async (rows
-// past M zero-filled); the warps' partial tiles are summed through shared
-// memory. Thread t gets row t / 8, columns (t % 8) * 8 .. + 7 in cv.
-// K % 64 == 0; A and W 16-byte aligned, lda % 8 == 0. Before sm_80 the
-// tile is computed on CUDA cores.
+// T; the tile at rows m0.., columns n0... K comes in stages of 64, six
+// buffered (five in flight: all of K = 320 at once) with cp.async, rows
+// past M zero-filled; the 4 warps split each stage in 16s on
+// mma.m16n8k16 and their partial tiles are summed through shared memory.
+// Thread t gets row t / 8, columns (t % 8) * 4 .. + 3 in cv. K % 64 == 0;
+// A and W 16-byte aligned, lda % 8 == 0. Before sm_80 the tile is
+// computed on CUDA cores.
 template <int T>
-__device__ __forceinline__ void gemm_tile16x64(const void* a, const void* w, int M, int K,
+__device__ __forceinline__ void gemm_tile16x32(const void* a, const void* w, int M, int K,
                                                int lda, int m0, int n0, float* cv) {
-    constexpr int BM = 16, BN = 64, BK = 64, ST = 3, LDS = BK + 8;
+    constexpr int BM = 16, BN = 32, BK = 64, ST = 6, LDS = BK + 8;
     __shared__ __align__(16) unsigned short sa[ST][BM * LDS];
     __shared__ __align__(16) unsigned short sw[ST][BN * LDS];
     const unsigned short* A = (const unsigned short*)a;
     const unsigned short* W = (const unsigned short*)w;
-    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int er = tid >> 3, ec = (tid & 7) * 8;
+    int tid = threadIdx.x;
+    int er = tid >> 3, ec = (tid & 7) * 4;
 #if __CUDA_ARCH__ >= 800
+    int lane = tid & 31, warp = tid >> 5;
     int nk = K / BK;
-    float acc[8][4];
+    float acc[4][4];
     #pragma unroll
-    for (int t = 0; t < 8; ++t) { acc[t][0] = 0.0f; acc[t][1] = 0.0f; acc[t][2] = 0.0f; acc[t][3] = 0.0f; }
+    for (int t = 0; t < 4; ++t) { acc[t][0] = 0.0f; acc[t][1] = 0.0f; acc[t][2] = 0.0f; acc[t][3] = 0.0f; }
     // Stage loads: A 16 x 64 (one 16-byte vector per thread; rows past M
-    // zero-filled), W 64 x 64 (four per thread).
-    #define GEMM_LN_LOAD(kt, s)                                                             \
+    // zero-filled), W 32 x 64 (two per thread).
+    #define GEMM_TILE_LOAD(kt, s)                                                           \
     {                                                                                       \
         int r = tid >> 3, c = (tid & 7) * 8, k0 = (kt) * BK;                                \
         int ok = (m0 + r < M) ? 16 : 0;                                                     \
@@ -1007,7 +967,7 @@ __device__ __forceinline__ void gemm_tile16x64(const void* a, const void* w, int
         unsigned dst = (unsigned)__cvta_generic_to_shared(&sa[s][r * LDS + c]);             \
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"                        \
                      :: "r"(dst), "l"(src), "r"(ok));                                       \
-        for (int q = 0; q < 4; ++q) {                                                       \
+        for (int q = 0; q < 2; ++q) {                                                       \
             int rw = r + 16 * q;                                                            \
             const unsigned short* ws = W + (long long)(n0 + rw) * K + k0 + c;               \
             unsigned dw = (unsigned)__cvta_generic_to_shared(&sw[s][rw * LDS + c]);         \
@@ -1016,13 +976,13 @@ __device__ __forceinline__ void gemm_tile16x64(const void* a, const void* w, int
     }
     #pragma unroll
     for (int s = 0; s < ST - 1; ++s) {
-        if (s < nk) GEMM_LN_LOAD(s, s);
+        if (s < nk) GEMM_TILE_LOAD(s, s);
         asm volatile("cp.async.commit_group;");
     }
     for (int kt = 0; kt < nk; ++kt) {
-        asm volatile("cp.async.wait_group 1;");  // ST - 2
-        __syncthreads();  // stage kt landed for all; stage kt - 1 is no longer read
-        if (kt + ST - 1 < nk) GEMM_LN_LOAD(kt + ST - 1, (kt + ST - 1) % ST);
+        asm volatile("cp.async.wait_group 4;");  // ST - 2: stage kt has landed
+        __syncthreads();  // ... for every thread; stage kt - 1 is no longer read
+        if (kt + ST - 1 < nk) GEMM_TILE_LOAD(kt + ST - 1, (kt + ST - 1) % ST);
         asm volatile("cp.async.commit_group;");
         int s = kt % ST, kk = warp * 16;
         unsigned af[4];
@@ -1033,7 +993,7 @@ __device__ __forceinline__ void gemm_tile16x64(const void* a, const void* w, int
                          : "=r"(af[0]), "=r"(af[1]), "=r"(af[2]), "=r"(af[3]) : "r"(addr));
         }
         #pragma unroll
-        for (int q = 0; q < 4; ++q) {
+        for (int q = 0; q < 2; ++q) {
             int r = 16 * q + (lane & 7) + (lane >> 4) * 8, c = kk + ((lane >> 3) & 1) * 8;
             unsigned addr = (unsigned)__cvta_generic_to_shared(&sw[s][r * LDS + c]);
             unsigned bf[4];
@@ -1043,37 +1003,38 @@ __device__ __forceinline__ void gemm_tile16x64(const void* a, const void* w, int
             mma16816<T>(acc[2 * q + 1], af, bf + 2);
         }
     }
-    #undef GEMM_LN_LOAD
+    #undef GEMM_TILE_LOAD
     asm volatile("cp.async.wait_group 0;");
     __syncthreads();
     // The four warps' partial tiles, summed through shared memory (the W
-    // stages are free now: 4 x 16 x 64 floats fit in them).
+    // stages are free now: 4 x 16 x 32 floats fit in them; rows padded).
+    constexpr int RL = BN + 4;
     float* red = (float*)&sw[0][0];
     {
         int g = lane >> 2, t2 = (lane & 3) * 2;
         #pragma unroll
-        for (int t = 0; t < 8; ++t) {
+        for (int t = 0; t < 4; ++t) {
             int c = t * 8 + t2;
-            red[(warp * BM + g) * BN + c] = acc[t][0];
-            red[(warp * BM + g) * BN + c + 1] = acc[t][1];
-            red[(warp * BM + g + 8) * BN + c] = acc[t][2];
-            red[(warp * BM + g + 8) * BN + c + 1] = acc[t][3];
+            red[(warp * BM + g) * RL + c] = acc[t][0];
+            red[(warp * BM + g) * RL + c + 1] = acc[t][1];
+            red[(warp * BM + g + 8) * RL + c] = acc[t][2];
+            red[(warp * BM + g + 8) * RL + c + 1] = acc[t][3];
         }
     }
     __syncthreads();
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        float s = 0.0f;
+    for (int j = 0; j < 4; ++j) {
+        float v = 0.0f;
         #pragma unroll
-        for (int q = 0; q < 4; ++q) s += red[(q * BM + er) * BN + ec + j];
-        cv[j] = s;
+        for (int q = 0; q < 4; ++q) v += red[(q * BM + er) * RL + ec + j];
+        cv[j] = v;
     }
 #else
-    for (int j = 0; j < 8; ++j) cv[j] = 0.0f;
+    for (int j = 0; j < 4; ++j) cv[j] = 0.0f;
     if (m0 + er < M) {
         for (int k = 0; k < K; ++k) {
             float x = ldx(A, (long long)(m0 + er) * lda + k, T);
-            for (int j = 0; j < 8; ++j) cv[j] += x * ldx(W, (long long)(n0 + ec + j) * K + k, T);
+            for (int j = 0; j < 4; ++j) cv[j] += x * ldx(W, (long long)(n0 + ec + j) * K + k, T);
         }
     }
 #endif
@@ -1081,86 +1042,78 @@ __device__ __forceinline__ void gemm_tile16x64(const void* a, const void* w, int
 
 // A small matmul with its epilogue: out = act(A W^T + bias) (act_apply's
 // code; 12: none), A [M, K], W [N, K] and out [M, N] 16-bit of type T,
-// bias of any type (tb; may be null). grid (N / 64, ceil(M / 16)), 128
-// threads; N % 64 == 0, out 16-byte aligned (and gemm_tile16x64's needs).
+// bias of any type (tb; may be null). grid (N / 32, ceil(M / 16)), 128
+// threads; N % 32 == 0, out 8-byte aligned (and gemm_tile16x32's needs).
 template <int T>
 __device__ __forceinline__ void gemm_bias_act_body(void* out, const void* a, const void* w,
                                                    const void* bias, int M, int N, int K,
                                                    int lda, int act, int tb) {
     int tid = threadIdx.x;
-    int m0 = blockIdx.y * 16, n0 = blockIdx.x * 64;
-    int er = tid >> 3, ec = (tid & 7) * 8;
-    float cv[8];
-    gemm_tile16x64<T>(a, w, M, K, lda, m0, n0, cv);
+    int m0 = blockIdx.y * 16, n0 = blockIdx.x * 32;
+    int er = tid >> 3, ec = (tid & 7) * 4;
+    float cv[4];
+    gemm_tile16x32<T>(a, w, M, K, lda, m0, n0, cv);
     if (m0 + er >= M) return;
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < 4; ++j) {
         float x = cv[j] + (bias ? ldx(bias, n0 + ec + j, tb) : 0.0f);
         cv[j] = act_apply(act, x);
     }
-    st8h<T>(out, (long long)(m0 + er) * N + n0 + ec, cv);
+    st4<T>(out, (long long)(m0 + er) * N + n0 + ec, cv);
 }
 
 // A matmul with its LayerNorm: c = A W^T + bias (rounded to T, as the
 // matmul's own output would be), v = c + res (+ lnb), out = LN(v) gamma +
 // beta. A [M, K] (row stride lda), W [N, K], res and out [M, N]: all
 // 16-bit of type T; bias, lnb, gamma, beta of any type (codes tb ..
-// tbeta; bias, lnb and beta may be null). grid (N / 64, ceil(M / 16)), 128
-// threads: a block computes a 16 x 64 tile (gemm_tile16x64), writes c and
+// tbeta; bias, lnb and beta may be null). grid (N / 32, ceil(M / 16)), 128
+// threads: a block computes a 16 x 32 tile (gemm_tile16x32), writes c and
 // the tile's row statistics (mean and the sum of squared deviations over
-// its 64 columns) to `stats`, and counts itself in `counters[blockIdx.y]`.
+// its 32 columns) to `stats`, and counts itself in `counters[blockIdx.y]`.
 // The last block of a row tile to finish merges the statistics (Chan's
 // formula), resets the counter (so the next launch, or graph replay,
 // starts from zero) and normalizes the tile's 16 full rows in place.
-// N % 64 == 0, N <= 1024, res and out 16-byte aligned.
+// N % 32 == 0, N <= 1024, res and out 8-byte aligned.
 template <int T>
 __device__ __forceinline__ void gemm_ln_body(
     void* out, const void* a, const void* w, const void* bias, const void* res,
     const void* lnb, const void* gamma, const void* beta, int M, int N, int K, int lda,
     float eps, int tb, int tlnb, int tg, int tbeta, float* stats, int* counters) {
-    constexpr int BM = 16, BN = 64;
+    constexpr int BM = 16, BN = 32;
     __shared__ float smean[BM], sinv[BM];
     __shared__ int is_last;
     int tid = threadIdx.x;
     int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-    int er = tid >> 3, ec = (tid & 7) * 8;
-    float cv[8];
-    gemm_tile16x64<T>(a, w, M, K, lda, m0, n0, cv);
+    int er = tid >> 3, ec = (tid & 7) * 4;
+    float cv[4];
+    gemm_tile16x32<T>(a, w, M, K, lda, m0, n0, cv);
     int row = m0 + er;
     bool in = row < M;
-    float rv[8];
-    if (in) ld8h<T>(res, (long long)row * N + n0 + ec, rv, false);
-    float v[8], sum = 0.0f;
+    float rv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (in) ld4<T>(res, (long long)row * N + n0 + ec, rv);
+    float v[4], sum = 0.0f;
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < 4; ++j) {
         int c = n0 + ec + j;
-        float x = cv[j] + (bias ? ldx(bias, c, tb) : 0.0f);
         // Round to T as the matmul output would be stored.
-        float xr;
-        if (T == 1) xr = __uint_as_float(((unsigned int)f2bf(x)) << 16);
-        else {
-            unsigned short h;
-            asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(x));
-            asm("{ cvt.f32.f16 %0, %1; }" : "=f"(xr) : "h"(h));
-        }
-        cv[j] = xr;
-        v[j] = in ? xr + rv[j] + (lnb ? ldx(lnb, c, tlnb) : 0.0f) : 0.0f;
+        cv[j] = round_t<T>(cv[j] + (bias ? ldx(bias, c, tb) : 0.0f));
+        v[j] = in ? cv[j] + rv[j] + (lnb ? ldx(lnb, c, tlnb) : 0.0f) : 0.0f;
         sum += v[j];
     }
-    // Row statistics over the tile's 64 columns: the 8 threads of a row are
+    // Row statistics over the tile's 32 columns: the 8 threads of a row are
     // 8 consecutive lanes.
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     sum += __shfl_xor_sync(0xffffffffu, sum, 4);
     float mean = sum * (1.0f / BN), m2 = 0.0f;
     #pragma unroll
-    for (int j = 0; j < 8; ++j) { float d = v[j] - mean; m2 += d * d; }
+    for (int j = 0; j < 4; ++j) { float d = v[j] - mean; m2 += d * d; }
     m2 += __shfl_xor_sync(0xffffffffu, m2, 1);
     m2 += __shfl_xor_sync(0xffffffffu, m2, 2);
     m2 += __shfl_xor_sync(0xffffffffu, m2, 4);
     float* st = stats + ((long long)blockIdx.y * gridDim.x + blockIdx.x) * (2 * BM);
     if ((tid & 7) == 0) { st[2 * er] = mean; st[2 * er + 1] = m2; }
-    if (in) st8h<T>(out, (long long)row * N + n0 + ec, cv);
+    if (in) st4<T>(out, (long long)row * N + n0 + ec, cv);
     __threadfence();
     __syncthreads();
     if (tid == 0) is_last = atomicAdd(&counters[blockIdx.y], 1) == (int)gridDim.x - 1;
@@ -1183,23 +1136,45 @@ __device__ __forceinline__ void gemm_ln_body(
         sinv[tid] = 1.0f / sqrtf(q / (float)N + eps);
     }
     __syncthreads();
-    // Normalize the 16 rows in place: 8 columns per thread and step.
-    int per = N / 8;
-    for (int i = tid; i < BM * per; i += blockDim.x) {
-        int r = i / per, c = (i % per) * 8;
-        int gr = m0 + r;
-        if (gr >= M) break;
-        long long off = (long long)gr * N + c;
-        float x[8], rr[8];
-        ld8h<T>(out, off, x, true);
-        ld8h<T>(res, off, rr, false);
-        float y[8];
+    if (!in) return;
+    // Normalize row er: this thread's 4 columns in each 32-column block,
+    // four blocks' loads issued before their arithmetic.
+    float mu = smean[er], inv = sinv[er];
+    long long rbase = (long long)row * N;
+    for (int b0 = 0; b0 < nb; b0 += 4) {
+        float x[4][4], rr[4][4];
         #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            float vv = x[j] + rr[j] + (lnb ? ldx(lnb, c + j, tlnb) : 0.0f);
-            y[j] = (vv - smean[r]) * sinv[r] * ldx(gamma, c + j, tg) + (beta ? ldx(beta, c + j, tbeta) : 0.0f);
+        for (int u = 0; u < 4; ++u) {
+            if (b0 + u < nb) {
+                long long off = rbase + (b0 + u) * BN + ec;
+                uint2 h;
+                asm volatile("ld.global.cg.v2.u32 {%0,%1}, [%2];"
+                             : "=r"(h.x), "=r"(h.y) : "l"((const unsigned short*)out + off));
+                unsigned short e[4] = {(unsigned short)(h.x & 0xffffu), (unsigned short)(h.x >> 16),
+                                       (unsigned short)(h.y & 0xffffu), (unsigned short)(h.y >> 16)};
+                #pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    if (T == 1) {
+                        x[u][k] = __uint_as_float(((unsigned int)e[k]) << 16);
+                    } else {
+                        asm("{ cvt.f32.f16 %0, %1; }" : "=f"(x[u][k]) : "h"(e[k]));
+                    }
+                }
+                ld4<T>(res, off, rr[u]);
+            }
         }
-        st8h<T>(out, off, y);
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            if (b0 + u >= nb) break;
+            int c = (b0 + u) * BN + ec;
+            float y[4];
+            #pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                float vv = x[u][k] + rr[u][k] + (lnb ? ldx(lnb, c + k, tlnb) : 0.0f);
+                y[k] = (vv - mu) * inv * ldx(gamma, c + k, tg) + (beta ? ldx(beta, c + k, tbeta) : 0.0f);
+            }
+            st4<T>(out, rbase + c, y);
+        }
     }
 }
 

@@ -655,8 +655,11 @@ fn norms_match_the_cpu_in_every_precision() {
     println!("norms (and norms absorbing an Add) match the CPU backend in f32, bf16 and f16");
 }
 
-/// `FusedResidualLN` over a matmul `[rows, k] x [k, n]` (with or without
-/// its bias) and a residual `r`: the matmul is the norm's input `pos`.
+/// `FusedResidualLN` over a matmul `(a + a) [rows, k] x [k, n]` (with or
+/// without its bias) and a residual `r + r`: the matmul is the norm's
+/// input `pos`; the output is the norm's negation. (The sums make the
+/// operands 16-bit under bf16 / f16: graph inputs and outputs stay f32,
+/// and a matmul on one would stay f32 too.)
 fn matmul_norm_graph(
     rows: usize,
     k: usize,
@@ -670,6 +673,9 @@ fn matmul_norm_graph(
     let a = g.input("a", Shape::f32(&[rows, k]));
     let r = g.input("r", Shape::f32(&[rows, n]));
     let w = g.param("w", Shape::f32(&[k, n]));
+    let add = rlx::ir::op::BinaryOp::Add;
+    let a = g.push(Op::Binary(add), vec![a, a]).unwrap();
+    let r = g.push(Op::Binary(add), vec![r, r]).unwrap();
     let mm = if mm_bias {
         let b = g.param("b", Shape::f32(&[n]));
         let op = Op::FusedMatMulBiasAct { activation: None };
@@ -688,6 +694,9 @@ fn matmul_norm_graph(
         eps: 1e-5,
     };
     let y = g.push(op, ins).unwrap();
+    // -y: the norm is not a graph output, so it is stored in 16 bits too.
+    let neg = rlx::ir::op::Activation::Neg;
+    let y = g.push(Op::Activation(neg), vec![y]).unwrap();
     g.set_outputs(vec![y]);
     g
 }
@@ -717,8 +726,8 @@ fn small_matmul_with_its_layernorm_is_one_kernel_and_matches_the_cpu() {
                 .map(|i| (((i * mul + 3) % 65) as f32 / 64.0 - 0.5) * scale)
                 .collect()
         };
-        let a = grid(rows * k, 7919, 1.0);
-        let r = grid(rows * n, 104_729, 2.0);
+        let a = grid(rows * k, 7919, 0.5);
+        let r = grid(rows * n, 104_729, 1.0);
         let w = grid(k * n, 31_337, 4.0 / (k as f32).sqrt());
         let (b, lnb, gm, beta) = (
             grid(n, 17, 1.0),
@@ -749,6 +758,7 @@ fn small_matmul_with_its_layernorm_is_one_kernel_and_matches_the_cpu() {
                     ..CudaOptions::default()
                 };
                 let plan = rlx::cuda::plan(g.clone(), &opts).unwrap();
+                assert!(plan.half_tensors >= 4, "{}: {plan:?}", g.name);
                 assert_eq!(
                     plan.fused_gemm_norms, hybrid as usize,
                     "{}: {plan:?}",
@@ -772,8 +782,8 @@ fn small_matmul_with_its_layernorm_is_one_kernel_and_matches_the_cpu() {
                     g.name
                 );
                 if hybrid {
-                    // The matmul and its norm: one kernel.
-                    assert_eq!(m.device_ops(), Some(1), "{}", g.name);
+                    // The two Adds, the matmul with its norm, the Neg.
+                    assert_eq!(m.device_ops(), Some(4), "{}", g.name);
                 }
                 let worst = got
                     .iter()
@@ -823,6 +833,10 @@ fn small_half_matmuls_match_the_cpu() {
         let mut g = Graph::new(format!("mm_{rows}x{k}x{n}_{fused:?}"));
         let a = g.input("a", Shape::f32(&[rows, k]));
         let w = g.param("w", Shape::f32(&[k, n]));
+        // a + a: a 16-bit operand (a matmul on a graph input stays f32).
+        let a = g
+            .push(Op::Binary(rlx::ir::op::BinaryOp::Add), vec![a, a])
+            .unwrap();
         let y = match fused {
             Some(act) => {
                 let b = g.param("b", Shape::f32(&[n]));
@@ -831,13 +845,15 @@ fn small_half_matmuls_match_the_cpu() {
             }
             None => g.push(Op::MatMul, vec![a, w]).unwrap(),
         };
+        // -y as the output: y itself is stored in 16 bits.
+        let y = g.push(Op::Activation(Activation::Neg), vec![y]).unwrap();
         g.set_outputs(vec![y]);
         let grid = |len: usize, mul: usize, scale: f32| -> Vec<f32> {
             (0..len)
                 .map(|i| (((i * mul + 3) % 65) as f32 / 64.0 - 0.5) * scale)
                 .collect()
         };
-        let av = grid(rows * k, 7919, 1.0);
+        let av = grid(rows * k, 7919, 0.5);
         let wv = grid(k * n, 31_337, 4.0 / (k as f32).sqrt());
         let bv = grid(n, 17, 1.0);
         let inputs = [("a", TensorRef::F32(&av))];
@@ -860,6 +876,8 @@ fn small_half_matmuls_match_the_cpu() {
                     precision,
                     ..CudaOptions::default()
                 };
+                let plan = rlx::cuda::plan(g.clone(), &opts).unwrap();
+                assert!(plan.half_tensors >= 3, "{}: {plan:?}", g.name);
                 let mut m = CudaModel::compile(g.clone(), &opts).unwrap();
                 for (name, v) in &params {
                     m.set_param(name, TensorRef::F32(v)).unwrap();
