@@ -728,23 +728,35 @@ pub(crate) fn lower(
                 if n == 0 {
                     return Ok(vec![]);
                 }
-                return Ok(vec![elementwise(
-                    "gather_x",
-                    n,
-                    vec![
-                        Arg::P(cx.out()?),
-                        Arg::P(cx.input(0)?),
-                        Arg::P(cx.input(1)?),
-                        Arg::L(ids.numel() as i64),
-                        Arg::I(int(row, "row")?),
-                        Arg::L(vocab as i64),
-                        Arg::I((ids.dtype == DType::I64) as i32),
-                        Arg::Status,
-                        Arg::I(cx.addr.graph_id(node.id).0 as i32),
-                        Arg::I(cx.dt_out().code()),
-                        Arg::I(cx.dt_in(0).code()),
-                    ],
-                )]);
+                let (out, tab) = (cx.out()?, cx.input(0)?);
+                let (to, tt) = (cx.dt_out(), cx.dt_in(0));
+                let args = vec![
+                    Arg::P(out),
+                    Arg::P(tab),
+                    Arg::P(cx.input(1)?),
+                    Arg::L(ids.numel() as i64),
+                    Arg::I(int(row, "row")?),
+                    Arg::L(vocab as i64),
+                    Arg::I((ids.dtype == DType::I64) as i32),
+                    Arg::Status,
+                    Arg::I(cx.addr.graph_id(node.id).0 as i32),
+                    Arg::I(to.code()),
+                    Arg::I(tt.code()),
+                ];
+                // Rows of multiples of 4, aligned: a warp per row with
+                // vector loads.
+                if row.is_multiple_of(4)
+                    && out.is_multiple_of(4 * to.size() as u64)
+                    && tab.is_multiple_of(4 * tt.size() as u64)
+                {
+                    return Ok(vec![Launch::Kernel {
+                        name: "gather_rows_x",
+                        grid: [ids.numel().div_ceil(4) as u32, 1, 1],
+                        block: 128,
+                        args,
+                    }]);
+                }
+                return Ok(vec![elementwise("gather_x", n, args)]);
             }
             if table.dtype.size_bytes() != 4 {
                 return Err(format!(

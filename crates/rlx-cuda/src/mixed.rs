@@ -45,6 +45,7 @@ pub const KERNELS: &[&str] = &[
     "gemm_ln_f16",
     "gemm_bias_act_bf16",
     "gemm_bias_act_f16",
+    "gather_rows_x",
 ];
 
 /// The tensor-core attention kernel for 16-bit q/k/v of one type, if the
@@ -1362,6 +1363,34 @@ NORM_W(norm_warp_bf16_f32_8, 1, 0, 8)
 NORM_W(norm_warp_bf16_bf16_8, 1, 1, 8)
 NORM_W(norm_warp_f16_f32_8, 2, 0, 8)
 NORM_W(norm_warp_f16_f16_8, 2, 2, 8)
+
+// Rows of a table gathered by ids, one warp per id: lane l moves values
+// 4 (32 c + l) .. + 3 of the row (table type tt, out type to; row % 4 == 0,
+// both 4-element aligned). An id outside [0, vocab) zeroes its row and
+// records node + 1 in the status word.
+__global__ void gather_rows_x(void* out, const void* table, const void* ids, long long n_ids,
+                              int row, long long vocab, int idx64, int* status, int node,
+                              int to, int tt) {
+    long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (r >= n_ids) return;
+    long long id = idx64 ? ((const long long*)ids)[r] : (long long)((const int*)ids)[r];
+    bool bad = id < 0 || id >= vocab;
+    if (bad && lane == 0) atomicCAS(status, 0, node + 1);
+    for (int c = lane * 4; c < row; c += 128) {
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (!bad) {
+            long long i = id * row + c;
+            if (tt == 0) ld4<0>(table, i, v);
+            else if (tt == 1) ld4<1>(table, i, v);
+            else ld4<2>(table, i, v);
+        }
+        long long o = r * row + c;
+        if (to == 0) st4<0>(out, o, v);
+        else if (to == 1) st4<1>(out, o, v);
+        else st4<2>(out, o, v);
+    }
+}
 
 #define GEMM_LN(NAME, T)                                                                  \
 __global__ void __launch_bounds__(128) NAME(                                               \

@@ -15,6 +15,9 @@
 //! - LayerNorm / RMSNorm (with residual and bias) on 16-bit rows of widths
 //!   for the one-warp-per-row kernel and for the general one, against the
 //!   CPU backend;
+//! - 16-bit embedding gathers (a warp per row, and the general kernel for
+//!   rows not a multiple of 4) against the CPU, and an out-of-range id as
+//!   a typed error naming the Gather;
 //! - small 16-bit matmuls on rlx's own tensor-core kernel (up to 256 rows;
 //!   biases, activations, row counts off its 16-row tile) and past it on
 //!   cuBLASLt, against the CPU backend;
@@ -898,4 +901,57 @@ fn small_half_matmuls_match_the_cpu() {
         }
     }
     println!("small 16-bit matmuls match the CPU backend in bf16 and f16");
+}
+
+#[test]
+fn half_gathers_match_the_cpu_and_reject_bad_ids() {
+    if !cuda_or_skip() {
+        return;
+    }
+    use rlx::ir::op::Activation;
+    use rlx::ir::{DType, Shape};
+    for (vocab, d) in [(50, 64), (50, 384), (40, 30)] {
+        // -table[ids]: the gathered rows are stored in 16 bits.
+        let mut g = Graph::new(format!("gather_{vocab}x{d}"));
+        let table = g.param("t", Shape::f32(&[vocab, d]));
+        let ids = g.input("ids", Shape::new(&[2, 5], DType::I64));
+        let rows = g.push(Op::Gather { axis: 0 }, vec![table, ids]).unwrap();
+        let y = g.push(Op::Activation(Activation::Neg), vec![rows]).unwrap();
+        g.set_outputs(vec![y]);
+        let tv: Vec<f32> = (0..vocab * d)
+            .map(|i| ((i * 37 + 11) % 97) as f32 / 32.0 - 1.5)
+            .collect();
+        let good = [3i64, 0, 49 % vocab as i64, 7, 7, 1, 2, 39, 5, 0];
+        let mut cpu = Session::new(Device::Cpu).compile(g.clone()).unwrap();
+        cpu.set_param("t", &tv).unwrap();
+        let want = cpu.run_typed(&[("ids", TensorRef::I64(&good))]).unwrap();
+        for mode in [ExecMode::Thunks, ExecMode::Hybrid] {
+            let session = Session::new(Device::Cuda(0))
+                .mode(mode)
+                .precision(Precision::Bf16);
+            let mut m = session.compile(g.clone()).unwrap();
+            m.set_param("t", &tv).unwrap();
+            let got = m.run_typed(&[("ids", TensorRef::I64(&good))]).unwrap();
+            // Table values on a 1/32 grid below 2 in magnitude: exact in bf16.
+            assert_eq!(
+                got[0].as_f32().unwrap(),
+                want[0].as_f32().unwrap(),
+                "{} {mode:?}",
+                g.name
+            );
+            let bad = [3i64, 0, vocab as i64, 7, 7, 1, 2, 39, 5, 0];
+            let err = m
+                .run_typed(&[("ids", TensorRef::I64(&bad))])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("Gather") && err.contains("out of range"),
+                "{} {mode:?}: {err}",
+                g.name
+            );
+            let again = m.run_typed(&[("ids", TensorRef::I64(&good))]).unwrap();
+            assert_eq!(again[0].as_f32().unwrap(), want[0].as_f32().unwrap());
+        }
+    }
+    println!("16-bit gathers match the CPU backend and reject out-of-range ids");
 }
