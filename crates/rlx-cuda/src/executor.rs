@@ -39,6 +39,12 @@ pub struct CudaOptions {
     /// matmuls on tensor cores with f32 accumulation, norms / softmax /
     /// reductions accumulating in f32. Inputs and outputs stay f32.
     pub precision: Precision,
+    /// In 16-bit hybrid segments, run a small matmul (at most 256 rows)
+    /// together with the `FusedResidualLN` reading it as one rlx kernel
+    /// (`gemm_ln`) instead of cuBLASLt and the norm kernel. Off by
+    /// default: on the H200 it is correct but slower than cuBLASLt (see
+    /// [`crate`]'s notes and bench/README.md).
+    pub fuse_matmul_norm: bool,
 }
 
 impl Default for CudaOptions {
@@ -48,6 +54,7 @@ impl Default for CudaOptions {
             hybrid: false,
             policy: SplitPolicy::new(|_| true),
             precision: Precision::F32,
+            fuse_matmul_norm: false,
         }
     }
 }
@@ -295,7 +302,9 @@ impl Core {
             .iter()
             .map(|s| match s {
                 Step::Compiled { sub, .. } => {
-                    find_fusions(&sub.graph, |id| store.get(sub.parent_of[id.index()]))
+                    find_fusions(&sub.graph, opts.fuse_matmul_norm, |id| {
+                        store.get(sub.parent_of[id.index()])
+                    })
                 }
                 Step::Thunks { .. } => HashMap::new(),
             })

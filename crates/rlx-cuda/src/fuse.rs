@@ -131,14 +131,21 @@ pub(crate) fn find_chains(g: &Graph, claimed: &HashSet<NodeId>) -> HashMap<NodeI
 /// the rest,
 /// then decode ropes with their cache writes ([`crate::fuse_cache`]).
 /// `store` gives each node's storage.
-pub(crate) fn find_fusions(g: &Graph, store: impl Fn(NodeId) -> Store) -> HashMap<NodeId, Fusion> {
+/// `matmul_norm` enables the matmul-norm groups (`CudaOptions::fuse_matmul_norm`).
+pub(crate) fn find_fusions(
+    g: &Graph,
+    matmul_norm: bool,
+    store: impl Fn(NodeId) -> Store,
+) -> HashMap<NodeId, Fusion> {
     let mut m = crate::fuse_gemv::find_gemv(g, &store);
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
     m.extend(crate::fuse_reduce::find_reduce_prologues(
         g, &claimed, &store,
     ));
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
-    m.extend(crate::fuse_norm::find_gemm_norms(g, &claimed, &store));
+    if matmul_norm {
+        m.extend(crate::fuse_norm::find_gemm_norms(g, &claimed, &store));
+    }
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
     m.extend(crate::fuse_norm::find_norm_adds(g, &claimed, &store));
     let claimed: HashSet<NodeId> = m.keys().copied().collect();

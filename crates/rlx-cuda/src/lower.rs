@@ -455,11 +455,6 @@ pub(crate) fn lower(
                 return Err(format!("operands {a} x {b}: inner dims differ"));
             }
             let ob = &out_shape.dims[..out_shape.rank() - 2];
-            if n > 0 {
-                if let Some(l) = small_gemm(&cx, &a, &b)? {
-                    return Ok(vec![l]);
-                }
-            }
             let mut v = Vec::new();
             if n > 0 {
                 v.extend(matmul(&cx, &a, &b, ob, m, k, nn)?);
@@ -1317,75 +1312,6 @@ fn rope_cache<A: Addr>(cx: &Cx<'_, A>, f: &RopeCache) -> Result<Vec<Launch>, Str
             Arg::Status,
         ],
     }])
-}
-
-/// Whether rlx's own small-matmul kernels (`gemm_bias_act_*`, and the
-/// matmul-norm fusion of [`crate::fuse_norm`]) may replace cuBLASLt: on
-/// unless `RLX_CUDA_SMALL_GEMM=0` (a switch for comparing the two).
-pub(crate) fn small_gemm_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("RLX_CUDA_SMALL_GEMM").map_or(true, |v| v != "0"))
-}
-
-/// A 16-bit matmul (with its bias and activation) of at most
-/// [`crate::fuse_norm::MAX_ROWS`] rows against an `[out, in]` weight as one
-/// `gemm_bias_act` launch, so that even a 128-row
-/// matmul spreads over many blocks (16 x 32 output tiles, all of a short
-/// K in flight at once). `None` where the shapes, storage
-/// or alignment do not fit.
-fn small_gemm<A: Addr>(cx: &Cx<'_, A>, a: &Shape, b: &Shape) -> Result<Option<Launch>, String> {
-    let (k, n) = (a.last_dim(), b.last_dim());
-    let t = cx.dt_out();
-    let rows = a.numel() / k.max(1);
-    let fits = small_gemm_enabled()
-        && t != Dt::F32
-        && b.rank() == 2
-        && cx.addr.store(cx.node.inputs[1]).transposed
-        && !cx.addr.store(cx.node.inputs[0]).folded
-        && cx.dt_in(0) == t
-        && cx.dt_in(1) == t
-        && (1..=crate::fuse_norm::MAX_ROWS).contains(&rows)
-        && k > 0
-        && k.is_multiple_of(64)
-        && n.is_multiple_of(32);
-    if !fits {
-        return Ok(None);
-    }
-    let (pa, pw, out) = (cx.input(0)?, cx.input(1)?, cx.out()?);
-    if !(pa.is_multiple_of(16) && pw.is_multiple_of(16) && out.is_multiple_of(8)) {
-        return Ok(None);
-    }
-    let (bias, tb, act) = match &cx.node.op {
-        Op::FusedMatMulBiasAct { activation } => {
-            if cx.shape(2).numel() != n {
-                return Err(format!("bias {} does not have {n} elements", cx.shape(2)));
-            }
-            (cx.input(2)?, cx.dt_in(2), act_code(*activation))
-        }
-        _ => (0, Dt::F32, act_code(None)),
-    };
-    let name = if t == Dt::Bf16 {
-        "gemm_bias_act_bf16"
-    } else {
-        "gemm_bias_act_f16"
-    };
-    Ok(Some(Launch::Kernel {
-        name,
-        grid: [(n / 32) as u32, rows.div_ceil(16) as u32, 1],
-        block: 128,
-        args: vec![
-            Arg::P(out),
-            Arg::P(pa),
-            Arg::P(pw),
-            Arg::P(bias),
-            Arg::I(int(rows, "M")?),
-            Arg::I(int(n, "N")?),
-            Arg::I(int(k, "K")?),
-            Arg::I(int(k, "K")?),
-            Arg::I(act),
-            Arg::I(tb.code()),
-        ],
-    }))
 }
 
 /// A matmul and the `FusedResidualLN` reading it (`cx` is the norm's) as

@@ -43,8 +43,6 @@ pub const KERNELS: &[&str] = &[
     "norm_warp_f16_f16_8",
     "gemm_ln_bf16",
     "gemm_ln_f16",
-    "gemm_bias_act_bf16",
-    "gemm_bias_act_f16",
     "gather_rows_x",
 ];
 
@@ -1041,28 +1039,6 @@ __device__ __forceinline__ void gemm_tile16x32(const void* a, const void* w, int
 #endif
 }
 
-// A small matmul with its epilogue: out = act(A W^T + bias) (act_apply's
-// code; 12: none), A [M, K], W [N, K] and out [M, N] 16-bit of type T,
-// bias of any type (tb; may be null). grid (N / 32, ceil(M / 16)), 128
-// threads; N % 32 == 0, out 8-byte aligned (and gemm_tile16x32's needs).
-template <int T>
-__device__ __forceinline__ void gemm_bias_act_body(void* out, const void* a, const void* w,
-                                                   const void* bias, int M, int N, int K,
-                                                   int lda, int act, int tb) {
-    int tid = threadIdx.x;
-    int m0 = blockIdx.y * 16, n0 = blockIdx.x * 32;
-    int er = tid >> 3, ec = (tid & 7) * 4;
-    float cv[4];
-    gemm_tile16x32<T>(a, w, M, K, lda, m0, n0, cv);
-    if (m0 + er >= M) return;
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        float x = cv[j] + (bias ? ldx(bias, n0 + ec + j, tb) : 0.0f);
-        cv[j] = act_apply(act, x);
-    }
-    st4<T>(out, (long long)(m0 + er) * N + n0 + ec, cv);
-}
-
 // A matmul with its LayerNorm: c = A W^T + bias (rounded to T, as the
 // matmul's own output would be), v = c + res (+ lnb), out = LN(v) gamma +
 // beta. A [M, K] (row stride lda), W [N, K], res and out [M, N]: all
@@ -1403,14 +1379,6 @@ __global__ void __launch_bounds__(128) NAME(                                    
 GEMM_LN(gemm_ln_bf16, 1)
 GEMM_LN(gemm_ln_f16, 2)
 
-#define GEMM_BA(NAME, T)                                                                  \
-__global__ void __launch_bounds__(128) NAME(                                               \
-    void* out, const void* a, const void* w, const void* bias, int M, int N, int K,       \
-    int lda, int act, int tb) {                                                           \
-    gemm_bias_act_body<T>(out, a, w, bias, M, N, K, lda, act, tb);                        \
-}
-GEMM_BA(gemm_bias_act_bf16, 1)
-GEMM_BA(gemm_bias_act_f16, 2)
 
 } // extern "C"
 "#

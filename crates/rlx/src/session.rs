@@ -176,6 +176,7 @@ impl Session {
                         hybrid: self.mode == ExecMode::Hybrid,
                         policy,
                         precision: self.precision,
+                        ..Default::default()
                     },
                 )?)
             }

@@ -18,11 +18,11 @@
 //! - 16-bit embedding gathers (a warp per row, and the general kernel for
 //!   rows not a multiple of 4) against the CPU, and an out-of-range id as
 //!   a typed error naming the Gather;
-//! - small 16-bit matmuls on rlx's own tensor-core kernel (up to 256 rows;
-//!   biases, activations, row counts off its 16-row tile) and past it on
-//!   cuBLASLt, against the CPU backend;
-//! - a small 16-bit matmul fused with the LayerNorm reading it (one
-//!   `gemm_ln` kernel in hybrid segments): row counts on and off the
+//! - small 16-bit matmuls (biases, activations, few and odd row counts)
+//!   against the CPU backend;
+//! - a small 16-bit matmul fused with the LayerNorm reading it (opt-in
+//!   `fuse_matmul_norm`: one `gemm_ln` kernel in hybrid segments; off,
+//!   the plan has no such fusion): row counts on and off the
 //!   16-row tile, several widths, the matmul as the norm's x or residual,
 //!   with and without biases, against the CPU backend and CUDA thunks.
 //!
@@ -753,11 +753,20 @@ fn small_matmul_with_its_layernorm_is_one_kernel_and_matches_the_cpu() {
         let want = cpu.run_typed(&inputs).unwrap();
         let want = want[0].as_f32().unwrap();
         for (precision, tol) in [(Precision::Bf16, 6e-2f32), (Precision::F16, 1e-2)] {
+            // Opt-in: the default plan keeps cuBLASLt and the norm kernel.
+            let default = CudaOptions {
+                hybrid: true,
+                precision,
+                ..CudaOptions::default()
+            };
+            let plan = rlx::cuda::plan(g.clone(), &default).unwrap();
+            assert_eq!(plan.fused_gemm_norms, 0, "{}: {plan:?}", g.name);
             let mut outs = vec![];
             for hybrid in [false, true] {
                 let opts = CudaOptions {
                     hybrid,
                     precision,
+                    fuse_matmul_norm: true,
                     ..CudaOptions::default()
                 };
                 let plan = rlx::cuda::plan(g.clone(), &opts).unwrap();
@@ -800,9 +809,9 @@ fn small_matmul_with_its_layernorm_is_one_kernel_and_matches_the_cpu() {
                 );
                 outs.push(got);
             }
-            // Thunks (the small-matmul kernel, then the norm kernel) and
-            // the fused kernel round the matmul output the same way: only
-            // the order of the f32 sums differs.
+            // Thunks (cuBLASLt, then the norm kernel) and the fused kernel
+            // round the matmul output the same way: only the order of the
+            // f32 sums differs.
             let gap = outs[0]
                 .iter()
                 .zip(&outs[1])
@@ -822,8 +831,7 @@ fn small_half_matmuls_match_the_cpu() {
     use rlx::ir::op::Activation;
     use rlx::ir::Shape;
     // (rows, k, n, activation; None for a plain MatMul): MiniLM's QKV and
-    // FFN matmuls at 1x128, rows off the 16-row tile, 256 (the last size
-    // on rlx's kernel) and 257 (cuBLASLt).
+    // FFN matmuls at 1x128, one row, odd row counts.
     let cases = [
         (128, 384, 1152, Some(None)),
         (128, 384, 1536, Some(Some(Activation::Gelu))),
