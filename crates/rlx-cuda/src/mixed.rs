@@ -1198,12 +1198,22 @@ __global__ void reduce_cols_x(void* out, const void* x, const void* y, long long
         long long bx, by;
         red_base(m, w, &bx, &by);
         if (m.nr == 1) {
+            // Eight elements' loads in flight before their arithmetic.
             long long sx = m.rs[0], sy = m.rs2[0];
-            #pragma unroll 4
-            for (long long j = wy; j < m.cnt; j += ny) {
-                float v = ldx(x, bx + j * sx, tx);
-                if (y) v = bin_apply(bop, v, ldx(y, by + j * sy, ty));
-                acc = red_step(op, acc, v, &nan);
+            for (long long j0 = wy; j0 < m.cnt; j0 += 8 * ny) {
+                float xs[8], ys[8];
+                #pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    long long j = j0 + u * ny;
+                    bool ok = j < m.cnt;
+                    xs[u] = ok ? ldx(x, bx + j * sx, tx) : 0.0f;
+                    ys[u] = ok && y ? ldx(y, by + j * sy, ty) : 0.0f;
+                }
+                #pragma unroll
+                for (int u = 0; u < 8; ++u) {
+                    if (j0 + u * ny < m.cnt)
+                        acc = red_step(op, acc, y ? bin_apply(bop, xs[u], ys[u]) : xs[u], &nan);
+                }
             }
         } else {
             for (long long j = wy; j < m.cnt; j += ny)
