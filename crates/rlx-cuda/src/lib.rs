@@ -16,8 +16,10 @@
 //!   addresses; segment-internal tensors live in a shared scratch buffer;
 //!   elementwise chains inside a segment run as one generated kernel, and a
 //!   quantized GEMV, a one-row Rope or a Reduce absorbs its neighbours
-//!   (`fuse_gemv`, `fuse_cache`, `fuse_reduce`), and a small 16-bit matmul
-//!   runs with the LayerNorm reading it (`fuse_norm`).
+//!   (`fuse_gemv`, `fuse_cache`, `fuse_reduce`), and a norm the Add before
+//!   it (`fuse_norm`; opt-in, `CudaOptions::fuse_matmul_norm`: a small
+//!   16-bit matmul with the LayerNorm reading it, slower than cuBLASLt on
+//!   the H200 so far).
 //! - [`CudaModel::set_graph`]: another shape bucket of the same model
 //!   (weights kept, graphs captured again); [`plan`]: the plan without a
 //!   device.
