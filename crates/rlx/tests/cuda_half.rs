@@ -77,6 +77,14 @@ fn reference_json() -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// The largest elementwise |a - b|.
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max)
+}
+
 fn cosine(a: &[f32], b: &[f32]) -> f32 {
     let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let na = a.iter().map(|x| x * x).sum::<f32>().sqrt();
@@ -517,11 +525,7 @@ fn half_attention_on_tensor_cores_matches_the_cpu() {
                 let mut m = CudaModel::compile(g.clone(), &opts).unwrap();
                 let got = m.run(&inputs).unwrap();
                 let got = got[0].as_f32().unwrap();
-                let worst = got
-                    .iter()
-                    .zip(want)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0f32, f32::max);
+                let worst = max_abs_diff(&got, want);
                 assert!(
                     worst <= tol && got.iter().all(|v| v.is_finite()),
                     "{} {precision} hybrid={hybrid}: max abs error {worst} > {tol}",
@@ -641,11 +645,7 @@ fn norms_match_the_cpu_in_every_precision() {
                 let got = m.run_typed(&inputs).unwrap();
                 for (o, (x, y)) in got.iter().zip(&want).enumerate() {
                     let (x, y) = (x.as_f32().unwrap(), y.as_f32().unwrap());
-                    let worst = x
-                        .iter()
-                        .zip(y)
-                        .map(|(a, b)| (a - b).abs())
-                        .fold(0.0f32, f32::max);
+                    let worst = max_abs_diff(&x, y);
                     assert!(
                         worst <= tol && x.iter().all(|v| v.is_finite()),
                         "{} output {o} {precision} {mode:?}: max abs error {worst} > {tol}",
@@ -797,11 +797,7 @@ fn small_matmul_with_its_layernorm_is_one_kernel_and_matches_the_cpu() {
                     // The two Adds, the matmul with its norm, the Neg.
                     assert_eq!(m.device_ops(), Some(4), "{}", g.name);
                 }
-                let worst = got
-                    .iter()
-                    .zip(want)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0f32, f32::max);
+                let worst = max_abs_diff(&got, want);
                 assert!(
                     worst <= tol && got.iter().all(|v| v.is_finite()),
                     "{} {precision} hybrid={hybrid}: max abs error {worst} > {tol}",
@@ -812,11 +808,7 @@ fn small_matmul_with_its_layernorm_is_one_kernel_and_matches_the_cpu() {
             // Thunks (cuBLASLt, then the norm kernel) and the fused kernel
             // round the matmul output the same way: only the order of the
             // f32 sums differs.
-            let gap = outs[0]
-                .iter()
-                .zip(&outs[1])
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0f32, f32::max);
+            let gap = max_abs_diff(&outs[0], &outs[1]);
             assert!(gap <= tol, "{} {precision}: thunks vs hybrid {gap}", g.name);
         }
     }
@@ -895,11 +887,7 @@ fn small_half_matmuls_match_the_cpu() {
                 }
                 let got = m.run(&inputs).unwrap();
                 let got = got[0].as_f32().unwrap();
-                let worst = got
-                    .iter()
-                    .zip(want)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0f32, f32::max);
+                let worst = max_abs_diff(&got, want);
                 assert!(
                     worst <= rel * peak && got.iter().all(|v| v.is_finite()),
                     "{} {precision} hybrid={hybrid}: max abs error {worst} > {rel} x {peak}",
