@@ -525,7 +525,7 @@ fn half_attention_on_tensor_cores_matches_the_cpu() {
                 let mut m = CudaModel::compile(g.clone(), &opts).unwrap();
                 let got = m.run(&inputs).unwrap();
                 let got = got[0].as_f32().unwrap();
-                let worst = max_abs_diff(&got, want);
+                let worst = max_abs_diff(got, want);
                 assert!(
                     worst <= tol && got.iter().all(|v| v.is_finite()),
                     "{} {precision} hybrid={hybrid}: max abs error {worst} > {tol}",
@@ -645,7 +645,7 @@ fn norms_match_the_cpu_in_every_precision() {
                 let got = m.run_typed(&inputs).unwrap();
                 for (o, (x, y)) in got.iter().zip(&want).enumerate() {
                     let (x, y) = (x.as_f32().unwrap(), y.as_f32().unwrap());
-                    let worst = max_abs_diff(&x, y);
+                    let worst = max_abs_diff(x, y);
                     assert!(
                         worst <= tol && x.iter().all(|v| v.is_finite()),
                         "{} output {o} {precision} {mode:?}: max abs error {worst} > {tol}",
@@ -887,7 +887,7 @@ fn small_half_matmuls_match_the_cpu() {
                 }
                 let got = m.run(&inputs).unwrap();
                 let got = got[0].as_f32().unwrap();
-                let worst = max_abs_diff(&got, want);
+                let worst = max_abs_diff(got, want);
                 assert!(
                     worst <= rel * peak && got.iter().all(|v| v.is_finite()),
                     "{} {precision} hybrid={hybrid}: max abs error {worst} > {rel} x {peak}",
