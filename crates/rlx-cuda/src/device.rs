@@ -54,6 +54,43 @@ const MODULES: &[(&str, &[&str])] = &[
     (mixed::SOURCE, mixed::KERNELS),
 ];
 
+/// Prepended to every module: `RLX_GRID_DEP()` opens each kernel (see
+/// [`with_grid_dep`]). On compute capability 9.0+ it lets the next kernel
+/// launch now (its blocks take free SMs and wait), then waits until every
+/// grid this one depends on has finished and its writes are visible.
+/// Waiting before the first global load or store keeps programmatic
+/// dependent launch exact: nothing is read before its producer is done,
+/// and nothing is overwritten while an earlier kernel may still read it.
+/// Without the launch attribute, or below 9.0, both are no-ops.
+const GRID_DEP_PRELUDE: &str = r#"
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define RLX_GRID_DEP() asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory")
+#else
+#define RLX_GRID_DEP()
+#endif
+"#;
+
+/// `source` with [`GRID_DEP_PRELUDE`] and `RLX_GRID_DEP();` as the first
+/// statement of every `__global__` function (inserted after the body's
+/// opening brace, on the same line, so kernels defined in macros keep
+/// their line continuations).
+pub(crate) fn with_grid_dep(source: &str) -> String {
+    let mut out = String::with_capacity(source.len() + 4096);
+    out.push_str(GRID_DEP_PRELUDE);
+    let mut rest = source;
+    while let Some(at) = rest.find("__global__") {
+        let Some(open) = rest[at..].find('{') else {
+            break;
+        };
+        let cut = at + open + 1;
+        out.push_str(&rest[..cut]);
+        out.push_str(" RLX_GRID_DEP();");
+        rest = &rest[cut..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// PTX images by (module index, compute capability).
 type PtxCache = Mutex<HashMap<(usize, (i32, i32)), Arc<CString>>>;
 
@@ -69,7 +106,7 @@ fn ptx_for(index: usize, cc: (i32, i32)) -> Result<Arc<CString>, String> {
         options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(MODULES[index].0, opts)
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(with_grid_dep(MODULES[index].0), opts)
         .map_err(|e| format!("NVRTC compile of module {index} failed: {e:?}"))?;
     let c = Arc::new(CString::new(ptx.to_src()).map_err(|_| "PTX holds a NUL byte".to_string())?);
     guard.insert((index, cc), c.clone());
@@ -160,7 +197,7 @@ pub(crate) fn dynamic_function(
         options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source, opts)
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(with_grid_dep(source), opts)
         .map_err(|e| format!("NVRTC compile of generated kernel {name} failed: {e:?}"))?;
     let ptx = CString::new(ptx.to_src()).map_err(|_| "PTX holds a NUL byte".to_string())?;
     gpu.bind()?;
@@ -184,6 +221,9 @@ pub(crate) struct Gpu {
     pub(crate) blas: blas_sys::cublasHandle_t,
     kernels: Arc<Loaded>,
     workspace: DeviceBuffer,
+    /// Launch rlx kernels with programmatic stream serialization (compute
+    /// capability 9.0+ and asked for): see [`GRID_DEP_PRELUDE`].
+    pub(crate) grid_dep: bool,
 }
 
 // SAFETY: the cuBLAS handle is only used through `&mut CudaModel`, one
@@ -199,14 +239,18 @@ fn derr(what: &str, e: impl std::fmt::Debug) -> String {
 
 impl Gpu {
     /// Open `ordinal`, load the kernels (once per process), create a stream
-    /// and a cuBLAS handle.
-    pub(crate) fn new(ordinal: usize) -> Result<Gpu, String> {
+    /// and a cuBLAS handle. `grid_dep` asks for programmatic dependent
+    /// launch, used where the device supports it (9.0+).
+    pub(crate) fn new(ordinal: usize, grid_dep: bool) -> Result<Gpu, String> {
         let count = cuda_available()?;
         if ordinal >= count {
             return Err(format!("cuda:{ordinal}: only {count} device(s)"));
         }
         let kernels = loaded(ordinal)?;
         let ctx = kernels.ctx.clone();
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| derr("compute capability", e))?;
         // Allocate before taking the lock: `DeviceBuffer::new` takes it too.
         let workspace = DeviceBuffer::new(&ctx, WORKSPACE)?;
         let _lock = device_lock();
@@ -226,6 +270,7 @@ impl Gpu {
             blas: handle,
             kernels,
             workspace,
+            grid_dep: grid_dep && cc.0 >= 9,
         })
     }
 
@@ -480,6 +525,10 @@ mod tests {
             for cc in [(7, 5), (8, 0), (9, 0)] {
                 let ptx = ptx_for(i, cc).unwrap_or_else(|e| panic!("sm_{}{}: {e}", cc.0, cc.1));
                 let ptx = ptx.to_str().expect("PTX is ASCII");
+                // Every kernel opens with the grid-dependency wait on 9.0+.
+                let waits = ptx.matches("griddepcontrol.wait").count();
+                let want = if cc.0 >= 9 { ptx.matches(".entry ").count() } else { 0 };
+                assert_eq!(waits, want, "module {i} sm_{}{}: grid-dependency waits", cc.0, cc.1);
                 for k in kernels.iter() {
                     assert!(
                         ptx.contains(&format!(".entry {k}(")),

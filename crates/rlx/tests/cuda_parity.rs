@@ -623,15 +623,18 @@ fn every_op_matches_the_cpu_backend() {
             ));
         }
         // Few outputs over many elements: one block per output. Kept
-        // contiguous last axes of >= 16: the coalesced column kernel (one
-        // and two reduced axes, reduced lengths split over 1..8 warps).
+        // contiguous last axes of >= 16 with >= 2048 outputs: the coalesced
+        // column kernel (one and two reduced axes, reduced lengths split
+        // over 1..8 warps); fewer outputs: the warp kernel.
         for (dims, axes) in [
             (vec![3, 700], vec![1]),
             (vec![2, 40, 9], vec![0, 1]),
             (vec![4, 100, 48], vec![1]),
             (vec![3, 5, 40], vec![0, 1]),
-            (vec![2, 300, 16], vec![1]),
-            (vec![2, 3, 20], vec![1]),
+            (vec![2, 30, 1100], vec![1]),
+            (vec![3, 5, 2048], vec![0, 1]),
+            (vec![2, 300, 1024], vec![1]),
+            (vec![2, 3, 2050], vec![1]),
         ] {
             cases.push(one(
                 "reduce_block",
@@ -660,6 +663,13 @@ fn every_op_matches_the_cpu_backend() {
             ReduceOp::Sum,
             vec![2, 37, 384],
             vec![2, 37, 1],
+            vec![1],
+        ),
+        (
+            BinaryOp::Mul,
+            ReduceOp::Sum,
+            vec![6, 37, 384],
+            vec![6, 37, 1],
             vec![1],
         ),
         (
