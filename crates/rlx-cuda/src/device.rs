@@ -64,16 +64,23 @@ const MODULES: &[(&str, &[&str])] = &[
 /// Without the launch attribute, or below 9.0, both are no-ops.
 const GRID_DEP_PRELUDE: &str = r#"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define RLX_GRID_DEP() asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory")
+#define RLX_GRID_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#define RLX_GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
 #else
-#define RLX_GRID_DEP()
+#define RLX_GRID_LAUNCH()
+#define RLX_GRID_WAIT()
 #endif
+#define RLX_GRID_DEP() RLX_GRID_LAUNCH(); RLX_GRID_WAIT()
+#define RLX_OWN_GRID_DEP
 "#;
 
 /// `source` with [`GRID_DEP_PRELUDE`] and `RLX_GRID_DEP();` as the first
 /// statement of every `__global__` function (inserted after the body's
 /// opening brace, on the same line, so kernels defined in macros keep
-/// their line continuations).
+/// their line continuations). A kernel marked `RLX_OWN_GRID_DEP` in its
+/// signature places `RLX_GRID_LAUNCH()` and `RLX_GRID_WAIT()` itself (to
+/// load weights before the wait); it must wait before any other global
+/// access.
 pub(crate) fn with_grid_dep(source: &str) -> String {
     let mut out = String::with_capacity(source.len() + 4096);
     out.push_str(GRID_DEP_PRELUDE);
@@ -84,7 +91,9 @@ pub(crate) fn with_grid_dep(source: &str) -> String {
         };
         let cut = at + open + 1;
         out.push_str(&rest[..cut]);
-        out.push_str(" RLX_GRID_DEP();");
+        if !rest[at..cut].contains("RLX_OWN_GRID_DEP") {
+            out.push_str(" RLX_GRID_DEP();");
+        }
         rest = &rest[cut..];
     }
     out.push_str(rest);
@@ -165,6 +174,18 @@ fn loaded(ordinal: usize) -> Result<Arc<Loaded>, String> {
             // SAFETY: `module` was just loaded and is valid.
             let f = unsafe { drv::module::get_function(module, cname) }
                 .map_err(|e| derr(&format!("kernel {name}"), e))?;
+            if mixed::DYNAMIC_SMEM_KERNELS.contains(&name) && cc.0 >= 8 {
+                // SAFETY: `f` was just loaded; the attribute only raises the
+                // kernel's dynamic shared memory limit (sm_80+ allow 99 KB).
+                unsafe {
+                    drv::function::set_function_attribute(
+                        f,
+                        drv_sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        mixed::GEMM_PF_SMEM_MAX as i32,
+                    )
+                }
+                .map_err(|e| derr(&format!("shared memory limit of {name}"), e))?;
+            }
             funcs.insert(name, FuncHandle(f));
         }
     }

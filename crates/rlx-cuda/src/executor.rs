@@ -174,6 +174,8 @@ enum Work {
         f: drv_sys::CUfunction,
         grid: [u32; 3],
         block: u32,
+        /// Bytes of dynamic shared memory.
+        smem: u32,
         args: Box<[u64]>,
     },
     /// A gemm through `cublasGemmStridedBatchedEx` (no epilogue).
@@ -216,6 +218,7 @@ impl Ready {
                 f,
                 grid,
                 block,
+                smem,
                 args,
                 ..
             } => {
@@ -224,7 +227,7 @@ impl Ready {
                     .map(|a| a as *const u64 as *mut c_void)
                     .collect();
                 if gpu.grid_dep {
-                    return launch_grid_dep(*f, *grid, *block, stream, &mut ptrs);
+                    return launch_grid_dep(*f, *grid, *block, *smem, stream, &mut ptrs);
                 }
                 // SAFETY: each pointer addresses an 8-byte slot whose low bytes hold
                 // the kernel parameter in the kernel's own type (little-endian);
@@ -234,7 +237,7 @@ impl Ready {
                         *f,
                         (grid[0], grid[1], grid[2]),
                         (*block, 1, 1),
-                        0,
+                        *smem,
                         stream,
                         &mut ptrs,
                     )
@@ -265,6 +268,7 @@ fn launch_grid_dep(
     f: drv_sys::CUfunction,
     grid: [u32; 3],
     block: u32,
+    smem: u32,
     stream: drv_sys::CUstream,
     params: &mut [*mut c_void],
 ) -> Result<(), String> {
@@ -280,7 +284,7 @@ fn launch_grid_dep(
         blockDimX: block,
         blockDimY: 1,
         blockDimZ: 1,
-        sharedMemBytes: 0,
+        sharedMemBytes: smem,
         hStream: stream,
         attrs: &mut attr,
         numAttrs: 1,
@@ -797,12 +801,14 @@ impl CudaModel {
                 name,
                 grid,
                 block,
+                smem,
                 args,
             } => Work::Kernel {
                 name,
                 f: self.gpu.func(name).map_err(rt)?,
                 grid,
                 block,
+                smem,
                 args: args
                     .iter()
                     .map(|a| match *a {
@@ -847,6 +853,7 @@ impl CudaModel {
                     f,
                     grid,
                     block,
+                    smem: 0,
                     args: args
                         .iter()
                         .map(|a| match *a {

@@ -276,6 +276,7 @@ pub(crate) fn cache_write(c: &CacheWrite) -> Result<Vec<Launch>, String> {
         name: "cache_write",
         grid: [total.div_ceil(256).clamp(1, 8192) as u32, 1, 1],
         block: 256,
+        smem: 0,
         args: vec![
             Arg::P(c.cache),
             Arg::P(c.rows),

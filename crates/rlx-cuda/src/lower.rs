@@ -107,6 +107,8 @@ pub(crate) enum Launch {
         name: &'static str,
         grid: [u32; 3],
         block: u32,
+        /// Bytes of dynamic shared memory.
+        smem: u32,
         args: Vec<Arg>,
     },
     /// A cuBLAS sgemm (strided batched).
@@ -243,6 +245,7 @@ fn elementwise(name: &'static str, n: usize, args: Vec<Arg>) -> Launch {
         name,
         grid: grid1(n),
         block: 256,
+        smem: 0,
         args,
     }
 }
@@ -455,6 +458,11 @@ pub(crate) fn lower(
                 return Err(format!("operands {a} x {b}: inner dims differ"));
             }
             let ob = &out_shape.dims[..out_shape.rank() - 2];
+            if n > 0 {
+                if let Some(l) = small_gemm(&cx, &a, &b)? {
+                    return Ok(vec![l]);
+                }
+            }
             let mut v = Vec::new();
             if n > 0 {
                 v.extend(matmul(&cx, &a, &b, ob, m, k, nn)?);
@@ -748,6 +756,7 @@ pub(crate) fn lower(
                         name: "gather_rows_x",
                         grid: [ids.numel().div_ceil(4) as u32, 1, 1],
                         block: 128,
+                        smem: 0,
                         args,
                     }]);
                 }
@@ -934,6 +943,7 @@ pub(crate) fn lower(
                 name,
                 grid: [threads.div_ceil(128) as u32, 1, 1],
                 block: 128,
+                smem: 0,
                 args,
             }])
         }
@@ -1182,6 +1192,7 @@ fn reduce<A: Addr>(
         name,
         grid: [grid, 1, 1],
         block,
+        smem: 0,
         args: vec![
             Arg::P(cx.out()?),
             Arg::P(x),
@@ -1291,6 +1302,7 @@ fn rope_cache<A: Addr>(cx: &Cx<'_, A>, f: &RopeCache) -> Result<Vec<Launch>, Str
         name: "rope_cache_row",
         grid: [threads.div_ceil(128) as u32, 1, 1],
         block: 128,
+        smem: 0,
         args: vec![
             Arg::P(cx.out()?),
             Arg::P(cx.input(0)?),
@@ -1314,6 +1326,75 @@ fn rope_cache<A: Addr>(cx: &Cx<'_, A>, f: &RopeCache) -> Result<Vec<Launch>, Str
             Arg::Status,
         ],
     }])
+}
+
+/// Whether rlx's own small-matmul kernel (`gemm_pf_*`) may replace
+/// cuBLASLt: on unless `RLX_CUDA_SMALL_GEMM=0` (a switch for comparing the
+/// two on a device).
+fn small_gemm_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("RLX_CUDA_SMALL_GEMM").map_or(true, |v| v != "0"))
+}
+
+/// A 16-bit matmul (with its bias and activation) of at most
+/// [`crate::fuse_norm::MAX_ROWS`] rows against an `[out, in]` weight as one
+/// `gemm_pf` launch: 16-row tiles over the whole K, the weight rows loaded
+/// before the kernel waits for the previous one (see
+/// [`crate::mixed::gemm_pf_kernel`]). `None` where the shapes, storage or
+/// alignment do not fit (cuBLASLt takes those).
+fn small_gemm<A: Addr>(cx: &Cx<'_, A>, a: &Shape, b: &Shape) -> Result<Option<Launch>, String> {
+    let (k, n) = (a.last_dim(), b.last_dim());
+    let t = cx.dt_out();
+    let rows = a.numel() / k.max(1);
+    // A transposed store is an uploaded weight: no kernel writes it, which
+    // is what lets the kernel read it before waiting on the previous grids.
+    let fits = small_gemm_enabled()
+        && t != Dt::F32
+        && b.rank() == 2
+        && cx.addr.store(cx.node.inputs[1]).transposed
+        && !cx.addr.store(cx.node.inputs[0]).folded
+        && cx.dt_in(0) == t
+        && cx.dt_in(1) == t
+        && (1..=crate::fuse_norm::MAX_ROWS).contains(&rows)
+        && k > 0
+        && k.is_multiple_of(64);
+    if !fits {
+        return Ok(None);
+    }
+    let Some((name, bn)) = crate::mixed::gemm_pf_kernel(t, rows, k, n) else {
+        return Ok(None);
+    };
+    let (pa, pw, out) = (cx.input(0)?, cx.input(1)?, cx.out()?);
+    if ![pa, pw, out].iter().all(|p| p.is_multiple_of(16)) {
+        return Ok(None);
+    }
+    let (bias, tb, act) = match &cx.node.op {
+        Op::FusedMatMulBiasAct { activation } => {
+            if cx.shape(2).numel() != n {
+                return Err(format!("bias {} does not have {n} elements", cx.shape(2)));
+            }
+            (cx.input(2)?, cx.dt_in(2), act_code(*activation))
+        }
+        _ => (0, Dt::F32, act_code(None)),
+    };
+    Ok(Some(Launch::Kernel {
+        name,
+        grid: [(n / bn) as u32, rows.div_ceil(16) as u32, 1],
+        block: 128,
+        smem: crate::mixed::gemm_pf_smem(bn, k) as u32,
+        args: vec![
+            Arg::P(out),
+            Arg::P(pa),
+            Arg::P(pw),
+            Arg::P(bias),
+            Arg::I(int(rows, "M")?),
+            Arg::I(int(n, "N")?),
+            Arg::I(int(k, "K")?),
+            Arg::I(int(k, "K")?),
+            Arg::I(act),
+            Arg::I(tb.code()),
+        ],
+    }))
 }
 
 /// A matmul and the `FusedResidualLN` reading it (`cx` is the norm's) as
@@ -1385,6 +1466,7 @@ fn gemm_norm<A: Addr>(
             name,
             grid: [blocks as u32, tiles as u32, 1],
             block: 128,
+            smem: 0,
             args,
         }]);
     }
@@ -1501,6 +1583,7 @@ fn norm<A: Addr>(
             name,
             grid: [rows.div_ceil(warps) as u32, 1, 1],
             block: 32 * warps as u32,
+            smem: 0,
             args,
         }]);
     }
@@ -1510,6 +1593,7 @@ fn norm<A: Addr>(
         name: "norm_rows_x",
         grid: [int(rows, "rows")? as u32, 1, 1],
         block: 32 * warps as u32,
+        smem: 0,
         args,
     });
     Ok(launches)
@@ -1819,6 +1903,7 @@ fn attention<A: Addr>(
                 name,
                 grid: [(sq.div_ceil(16 * warps)) as u32, hq as u32, b as u32],
                 block: 32 * warps as u32,
+                smem: 0,
                 args,
             }]);
         }
@@ -1833,6 +1918,7 @@ fn attention<A: Addr>(
             name: kernel,
             grid: [sq.div_ceil(rows) as u32, hq as u32, b as u32],
             block: 128,
+            smem: 0,
             args,
         }]);
     }
@@ -1845,6 +1931,7 @@ fn attention<A: Addr>(
             name: "attention_rows",
             grid: [sq as u32, hq as u32, b as u32],
             block: 256,
+            smem: 0,
             args,
         }]);
     }
@@ -1858,6 +1945,7 @@ fn attention<A: Addr>(
         },
         grid: [sq.div_ceil(8) as u32, hq as u32, b as u32],
         block: 128,
+        smem: 0,
         args,
     }])
 }

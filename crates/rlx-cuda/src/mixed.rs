@@ -44,7 +44,63 @@ pub const KERNELS: &[&str] = &[
     "gemm_ln_bf16",
     "gemm_ln_f16",
     "gather_rows_x",
+    "gemm_pf_bf16_16",
+    "gemm_pf_bf16_32",
+    "gemm_pf_bf16_64",
+    "gemm_pf_f16_16",
+    "gemm_pf_f16_32",
+    "gemm_pf_f16_64",
 ];
+
+/// The kernels that take dynamic shared memory beyond the default 48 KB
+/// (the loader raises their limit to [`GEMM_PF_SMEM_MAX`]).
+pub const DYNAMIC_SMEM_KERNELS: &[&str] = &[
+    "gemm_pf_bf16_16",
+    "gemm_pf_bf16_32",
+    "gemm_pf_bf16_64",
+    "gemm_pf_f16_16",
+    "gemm_pf_f16_32",
+    "gemm_pf_f16_64",
+];
+
+/// The most dynamic shared memory a `gemm_pf` launch asks for: 99 KB, what
+/// every 16-bit tensor-core GPU from sm_80 on allows a block.
+pub const GEMM_PF_SMEM_MAX: usize = 99 * 1024;
+
+/// Bytes of dynamic shared memory of a `gemm_pf` block with `bn` columns
+/// over `k` (the kernel's tiles, or its reduction area if larger).
+pub(crate) fn gemm_pf_smem(bn: usize, k: usize) -> usize {
+    ((bn + 16) * (k + 8) * 2).max(4 * 16 * (bn + 4) * 4)
+}
+
+/// The `gemm_pf` kernel for an `m x k x n` matmul in 16-bit type `dt`: the
+/// widest column tile whose rows fit [`GEMM_PF_SMEM_MAX`] and that still
+/// makes about one block per SM (fewer, wider tiles read the A rows fewer
+/// times), and its width. `None` where no tile fits.
+pub(crate) fn gemm_pf_kernel(
+    dt: crate::store::Dt,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Option<(&'static str, usize)> {
+    use crate::store::Dt;
+    let fits = |bn: usize| n.is_multiple_of(bn) && gemm_pf_smem(bn, k) <= GEMM_PF_SMEM_MAX;
+    let blocks = |bn: usize| (n / bn) * m.div_ceil(16);
+    let bn = [64, 32, 16]
+        .into_iter()
+        .find(|&bn| fits(bn) && blocks(bn) >= 96)
+        .or_else(|| [16, 32, 64].into_iter().rev().find(|&bn| fits(bn)))?;
+    let name = match (dt, bn) {
+        (Dt::Bf16, 16) => "gemm_pf_bf16_16",
+        (Dt::Bf16, 32) => "gemm_pf_bf16_32",
+        (Dt::Bf16, 64) => "gemm_pf_bf16_64",
+        (Dt::F16, 16) => "gemm_pf_f16_16",
+        (Dt::F16, 32) => "gemm_pf_f16_32",
+        (Dt::F16, 64) => "gemm_pf_f16_64",
+        _ => return None,
+    };
+    Some((name, bn))
+}
 
 /// The tensor-core attention kernel for 16-bit q/k/v of one type, if the
 /// problem fits it: head_dim 32 or 64, no mask or a keep-mask, no softcap,
@@ -1155,6 +1211,122 @@ __device__ __forceinline__ void gemm_ln_body(
     }
 }
 
+// A small matmul with its bias and activation: out = act(A W^T + bias),
+// A [M, K] (row stride lda) and W [N, K] (a weight stored [out, in]) 16-bit
+// of type T, out [M, N] of type T, bias any type (code tb; may be null).
+// grid (N / BN, ceil(M / 16)), 128 threads, dynamic shared memory
+// max((BN + 16)(K + 8), 128 (BN + 4)) * 2 bytes: the block's BN weight
+// rows and 16 A rows, whole K (rows padded by 8: conflict-free ldmatrix).
+// The weight rows are requested before the wait on the previous grids
+// (programmatic dependent launch: a weight is written only by uploads,
+// never by a kernel), so they load while the previous kernel finishes;
+// then the A rows (zero-filled past M). The 4 warps split K in quarters
+// on mma.m16n8k16, their partial tiles summed through shared memory;
+// thread t writes row t / 8, columns (t % 8) BN / 8 .. + BN / 8 - 1.
+// K % 64 == 0, N % BN == 0, A, W, out 16-byte aligned, lda % 8 == 0.
+// Before sm_80 CUDA cores compute the tile from global memory.
+template <int T, int BN>
+__device__ __forceinline__ void gemm_pf_body(void* out, const void* a, const void* w,
+                                             const void* bias, int M, int N, int K, int lda,
+                                             int act, int tb) {
+    extern __shared__ __align__(16) unsigned short dsm[];
+    constexpr int EPT = BN / 8;
+    const unsigned short* A = (const unsigned short*)a;
+    const unsigned short* W = (const unsigned short*)w;
+    int tid = threadIdx.x;
+    int m0 = blockIdx.y * 16, n0 = blockIdx.x * BN;
+    int er = tid >> 3, ec = (tid & 7) * EPT;
+    float cv[EPT];
+#if __CUDA_ARCH__ >= 800
+    int lane = tid & 31, warp = tid >> 5;
+    int LDK = K + 8, kv = K >> 3;
+    unsigned short* sw = dsm;
+    unsigned short* sa = dsm + BN * LDK;
+    for (int i = tid; i < BN * kv; i += 128) {
+        int r = i / kv, c = (i - r * kv) * 8;
+        unsigned dst = (unsigned)__cvta_generic_to_shared(sw + r * LDK + c);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                     :: "r"(dst), "l"(W + (long long)(n0 + r) * K + c));
+    }
+    asm volatile("cp.async.commit_group;");
+    RLX_GRID_WAIT();
+    for (int i = tid; i < 16 * kv; i += 128) {
+        int r = i / kv, c = (i - r * kv) * 8;
+        int ok = (m0 + r < M) ? 16 : 0;
+        unsigned dst = (unsigned)__cvta_generic_to_shared(sa + r * LDK + c);
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                     :: "r"(dst), "l"(A + (long long)(ok ? m0 + r : 0) * lda + c), "r"(ok));
+    }
+    asm volatile("cp.async.commit_group;");
+    asm volatile("cp.async.wait_group 0;");
+    __syncthreads();
+    float acc[BN / 8][4];
+    #pragma unroll
+    for (int t = 0; t < BN / 8; ++t) { acc[t][0] = 0.0f; acc[t][1] = 0.0f; acc[t][2] = 0.0f; acc[t][3] = 0.0f; }
+    int kq = K >> 2;
+    for (int kk = warp * kq; kk < (warp + 1) * kq; kk += 16) {
+        unsigned af[4];
+        {
+            int r = (lane & 7) + ((lane >> 3) & 1) * 8, c = kk + (lane >> 4) * 8;
+            unsigned addr = (unsigned)__cvta_generic_to_shared(sa + r * LDK + c);
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(af[0]), "=r"(af[1]), "=r"(af[2]), "=r"(af[3]) : "r"(addr));
+        }
+        #pragma unroll
+        for (int q = 0; q < BN / 16; ++q) {
+            int r = 16 * q + (lane & 7) + (lane >> 4) * 8, c = kk + ((lane >> 3) & 1) * 8;
+            unsigned addr = (unsigned)__cvta_generic_to_shared(sw + r * LDK + c);
+            unsigned bf[4];
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(bf[0]), "=r"(bf[1]), "=r"(bf[2]), "=r"(bf[3]) : "r"(addr));
+            mma16816<T>(acc[2 * q], af, bf);
+            mma16816<T>(acc[2 * q + 1], af, bf + 2);
+        }
+    }
+    __syncthreads();  // every warp is done with sw and sa
+    constexpr int RL = BN + 4;
+    float* red = (float*)dsm;
+    {
+        int g = lane >> 2, t2 = (lane & 3) * 2;
+        #pragma unroll
+        for (int t = 0; t < BN / 8; ++t) {
+            int c = t * 8 + t2;
+            red[(warp * 16 + g) * RL + c] = acc[t][0];
+            red[(warp * 16 + g) * RL + c + 1] = acc[t][1];
+            red[(warp * 16 + g + 8) * RL + c] = acc[t][2];
+            red[(warp * 16 + g + 8) * RL + c + 1] = acc[t][3];
+        }
+    }
+    __syncthreads();
+    #pragma unroll
+    for (int j = 0; j < EPT; ++j) {
+        float v = 0.0f;
+        #pragma unroll
+        for (int q = 0; q < 4; ++q) v += red[(q * 16 + er) * RL + ec + j];
+        cv[j] = v;
+    }
+#else
+    RLX_GRID_WAIT();
+    for (int j = 0; j < EPT; ++j) cv[j] = 0.0f;
+    if (m0 + er < M) {
+        for (int k = 0; k < K; ++k) {
+            float x = ldx(A, (long long)(m0 + er) * lda + k, T);
+            for (int j = 0; j < EPT; ++j) cv[j] += x * ldx(W, (long long)(n0 + ec + j) * K + k, T);
+        }
+    }
+#endif
+    int row = m0 + er;
+    if (row >= M) return;
+    unsigned* o = (unsigned*)((unsigned short*)out + (long long)row * N + n0 + ec);
+    #pragma unroll
+    for (int j = 0; j < EPT; j += 2) {
+        int c = n0 + ec + j;
+        float x0 = act_apply(act, cv[j] + (bias ? ldx(bias, c, tb) : 0.0f));
+        float x1 = act_apply(act, cv[j + 1] + (bias ? ldx(bias, c + 1, tb) : 0.0f));
+        o[j >> 1] = pack2<T>(x0, x1);
+    }
+}
+
 extern "C" {
 
 // One warp per output element (lanes split the reduced elements, then a
@@ -1389,7 +1561,50 @@ __global__ void __launch_bounds__(128) NAME(                                    
 GEMM_LN(gemm_ln_bf16, 1)
 GEMM_LN(gemm_ln_f16, 2)
 
+#define GEMM_PF(NAME, T, BN)                                                                \
+__global__ void __launch_bounds__(128) RLX_OWN_GRID_DEP NAME(                               \
+    void* out, const void* a, const void* w, const void* bias, int M, int N, int K,        \
+    int lda, int act, int tb) {                                                            \
+    RLX_GRID_LAUNCH();                                                                     \
+    gemm_pf_body<T, BN>(out, a, w, bias, M, N, K, lda, act, tb);                           \
+}
+GEMM_PF(gemm_pf_bf16_16, 1, 16)
+GEMM_PF(gemm_pf_bf16_32, 1, 32)
+GEMM_PF(gemm_pf_bf16_64, 1, 64)
+GEMM_PF(gemm_pf_f16_16, 2, 16)
+GEMM_PF(gemm_pf_f16_32, 2, 32)
+GEMM_PF(gemm_pf_f16_64, 2, 64)
 
 } // extern "C"
 "#
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Dt;
+
+    /// MiniLM's matmuls at 1x128 get the widest tile that keeps about one
+    /// block per SM within the shared-memory cap; a K too long for any
+    /// tile gets none (cuBLASLt).
+    #[test]
+    fn small_matmul_tiles_fit_the_shared_memory_cap() {
+        let want = [
+            ((128, 384, 1152), Some(("gemm_pf_bf16_64", 64))),
+            ((128, 384, 1536), Some(("gemm_pf_bf16_64", 64))),
+            ((128, 384, 384), Some(("gemm_pf_bf16_32", 32))),
+            ((128, 1536, 384), Some(("gemm_pf_bf16_16", 16))),
+            ((1, 64, 64), Some(("gemm_pf_bf16_64", 64))),
+            ((200, 2048, 64), None),
+            ((128, 384, 40), None),
+        ];
+        for ((m, k, n), w) in want {
+            assert_eq!(gemm_pf_kernel(Dt::Bf16, m, k, n), w, "{m}x{k}x{n}");
+            if let Some((_, bn)) = w {
+                assert!(gemm_pf_smem(bn, k) <= GEMM_PF_SMEM_MAX);
+            }
+        }
+        assert_eq!(gemm_pf_kernel(Dt::F16, 128, 1536, 384), Some(("gemm_pf_f16_16", 16)));
+        assert_eq!(gemm_pf_kernel(Dt::F32, 128, 384, 384), None);
+    }
+}

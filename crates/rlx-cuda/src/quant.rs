@@ -460,6 +460,7 @@ pub(crate) fn dequant_matmul(
             name,
             grid: [int(n.div_ceil(4 * per_warp), "N / 4")? as u32, m as u32, 1],
             block: 128,
+            smem: 0,
             args,
         }]);
     }
@@ -474,6 +475,7 @@ pub(crate) fn dequant_matmul(
             1,
         ],
         block: 256,
+        smem: 0,
         args,
     }])
 }

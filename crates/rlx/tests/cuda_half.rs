@@ -822,11 +822,16 @@ fn small_half_matmuls_match_the_cpu() {
     }
     use rlx::ir::op::Activation;
     use rlx::ir::Shape;
-    // (rows, k, n, activation; None for a plain MatMul): MiniLM's QKV and
-    // FFN matmuls at 1x128, one row, odd row counts.
+    // (rows, k, n, activation; None for a plain MatMul): MiniLM's four
+    // matmuls at 1x128 (rlx's gemm_pf with 64-, 32- and 16-column tiles),
+    // one row, odd row counts, a K too long for the kernel (cuBLASLt).
     let cases = [
         (128, 384, 1152, Some(None)),
         (128, 384, 1536, Some(Some(Activation::Gelu))),
+        (128, 384, 384, Some(None)),
+        (128, 1536, 384, Some(None)),
+        (1, 1536, 384, Some(Some(Activation::Gelu))),
+        (200, 2048, 64, None),
         (1, 64, 64, Some(Some(Activation::Relu))),
         (23, 128, 192, None),
         (256, 192, 128, Some(Some(Activation::Silu))),
