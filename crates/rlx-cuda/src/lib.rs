@@ -20,6 +20,15 @@
 //!   it (`fuse_norm`; opt-in, `CudaOptions::fuse_matmul_norm`: a small
 //!   16-bit matmul with the LayerNorm reading it, slower than cuBLASLt on
 //!   the H200 so far).
+//! - Programmatic dependent launch on compute capability 9.0+
+//!   (`CudaOptions::programmatic_launch`, on by default): every rlx kernel
+//!   opens with `griddepcontrol.launch_dependents` and `griddepcontrol.wait`
+//!   (inserted into each module's source at compile time), and is launched
+//!   with programmatic stream serialization, so the next kernel's blocks
+//!   are scheduled while the current one runs and wait on the device
+//!   instead of after a full drain (in CUDA graphs too). It pays where rlx
+//!   kernels follow each other (SmolLM2 decode); cuBLASLt's kernels launch
+//!   as usual.
 //! - [`CudaModel::set_graph`]: another shape bucket of the same model
 //!   (weights kept, graphs captured again); [`plan`]: the plan without a
 //!   device.

@@ -1242,20 +1242,37 @@ __device__ __forceinline__ void gemm_pf_body(void* out, const void* a, const voi
     int LDK = K + 8, kv = K >> 3;
     unsigned short* sw = dsm;
     unsigned short* sa = dsm + BN * LDK;
-    for (int i = tid; i < BN * kv; i += 128) {
-        int r = i / kv, c = (i - r * kv) * 8;
-        unsigned dst = (unsigned)__cvta_generic_to_shared(sw + r * LDK + c);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
-                     :: "r"(dst), "l"(W + (long long)(n0 + r) * K + c));
+    // Thread t copies 16-byte vectors t, t + 128, ... of the row-major
+    // region; (row, vector) advance by (128 / kv, 128 % kv) with one carry,
+    // not a division per vector (the copy loops dominated the instruction
+    // count). The weight rows n0.. are contiguous in W.
+    int dr = 128 / kv, dc = 128 - dr * kv;
+    const unsigned short* Wt = W + (long long)n0 * K;
+    unsigned sw0 = (unsigned)__cvta_generic_to_shared(sw);
+    {
+        int r = tid / kv, c = tid - (tid / kv) * kv;
+        #pragma unroll 4
+        for (int i = tid; i < BN * kv; i += 128) {
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                         :: "r"(sw0 + (unsigned)(r * LDK + c * 8) * 2u), "l"(Wt + (long long)i * 8));
+            r += dr; c += dc;
+            if (c >= kv) { c -= kv; ++r; }
+        }
     }
     asm volatile("cp.async.commit_group;");
     RLX_GRID_WAIT();
-    for (int i = tid; i < 16 * kv; i += 128) {
-        int r = i / kv, c = (i - r * kv) * 8;
-        int ok = (m0 + r < M) ? 16 : 0;
-        unsigned dst = (unsigned)__cvta_generic_to_shared(sa + r * LDK + c);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                     :: "r"(dst), "l"(A + (long long)(ok ? m0 + r : 0) * lda + c), "r"(ok));
+    {
+        unsigned sa0 = (unsigned)__cvta_generic_to_shared(sa);
+        int r = tid / kv, c = tid - (tid / kv) * kv;
+        #pragma unroll 2
+        for (int i = tid; i < 16 * kv; i += 128) {
+            int ok = (m0 + r < M) ? 16 : 0;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                         :: "r"(sa0 + (unsigned)(r * LDK + c * 8) * 2u),
+                            "l"(A + (long long)(ok ? m0 + r : 0) * lda + c * 8), "r"(ok));
+            r += dr; c += dc;
+            if (c >= kv) { c -= kv; ++r; }
+        }
     }
     asm volatile("cp.async.commit_group;");
     asm volatile("cp.async.wait_group 0;");
@@ -1341,8 +1358,17 @@ __global__ void reduce_warp_x(void* out, const void* x, const void* y, long long
     red_base(m, w, &bx, &by);
     float acc = red_init(op);
     bool nan = false;
-    for (long long j = lane; j < m.cnt; j += 32)
-        acc = red_step(op, acc, red_load(m, x, y, bx, by, j, bop, tx, ty), &nan);
+    if (m.nr == 1) {
+        // One reduced axis: plain strided loads (no index decomposition).
+        long long sx = m.rs[0], sy = m.rs2[0];
+        for (long long j = lane; j < m.cnt; j += 32) {
+            float v = ldx(x, bx + j * sx, tx);
+            acc = red_step(op, acc, y ? bin_apply(bop, v, ldx(y, by + j * sy, ty)) : v, &nan);
+        }
+    } else {
+        for (long long j = lane; j < m.cnt; j += 32)
+            acc = red_step(op, acc, red_load(m, x, y, bx, by, j, bop, tx, ty), &nan);
+    }
     acc = red_warp(op, acc);
     nan = __any_sync(0xffffffffu, nan);
     if (lane == 0) {
@@ -1419,8 +1445,16 @@ __global__ void reduce_block_x(void* out, const void* x, const void* y, long lon
     red_base(m, w, &bx, &by);
     float acc = red_init(op);
     bool nan = false;
-    for (long long j = threadIdx.x; j < m.cnt; j += blockDim.x)
-        acc = red_step(op, acc, red_load(m, x, y, bx, by, j, bop, tx, ty), &nan);
+    if (m.nr == 1) {
+        long long sx = m.rs[0], sy = m.rs2[0];
+        for (long long j = threadIdx.x; j < m.cnt; j += blockDim.x) {
+            float v = ldx(x, bx + j * sx, tx);
+            acc = red_step(op, acc, y ? bin_apply(bop, v, ldx(y, by + j * sy, ty)) : v, &nan);
+        }
+    } else {
+        for (long long j = threadIdx.x; j < m.cnt; j += blockDim.x)
+            acc = red_step(op, acc, red_load(m, x, y, bx, by, j, bop, tx, ty), &nan);
+    }
     acc = red_warp(op, acc);
     nan = __any_sync(0xffffffffu, nan);
     int lane = threadIdx.x & 31, wi = threadIdx.x >> 5, nw = blockDim.x >> 5;
