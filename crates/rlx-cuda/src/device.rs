@@ -548,8 +548,16 @@ mod tests {
                 let ptx = ptx.to_str().expect("PTX is ASCII");
                 // Every kernel opens with the grid-dependency wait on 9.0+.
                 let waits = ptx.matches("griddepcontrol.wait").count();
-                let want = if cc.0 >= 9 { ptx.matches(".entry ").count() } else { 0 };
-                assert_eq!(waits, want, "module {i} sm_{}{}: grid-dependency waits", cc.0, cc.1);
+                let want = if cc.0 >= 9 {
+                    ptx.matches(".entry ").count()
+                } else {
+                    0
+                };
+                assert_eq!(
+                    waits, want,
+                    "module {i} sm_{}{}: grid-dependency waits",
+                    cc.0, cc.1
+                );
                 for k in kernels.iter() {
                     assert!(
                         ptx.contains(&format!(".entry {k}(")),

@@ -1638,7 +1638,10 @@ mod tests {
                 assert!(gemm_pf_smem(bn, k) <= GEMM_PF_SMEM_MAX);
             }
         }
-        assert_eq!(gemm_pf_kernel(Dt::F16, 128, 1536, 384), Some(("gemm_pf_f16_16", 16)));
+        assert_eq!(
+            gemm_pf_kernel(Dt::F16, 128, 1536, 384),
+            Some(("gemm_pf_f16_16", 16))
+        );
         assert_eq!(gemm_pf_kernel(Dt::F32, 128, 384, 384), None);
     }
 }
