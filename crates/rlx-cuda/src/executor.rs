@@ -52,6 +52,13 @@ pub struct CudaOptions {
     /// too). On by default; the environment variable `RLX_CUDA_PDL=0`
     /// turns it off for A/B measurements. cuBLAS matmuls launch as usual.
     pub programmatic_launch: bool,
+    /// Run 16-bit matmuls of at most 256 rows against uploaded weights on
+    /// rlx's own kernel (`gemm_pf`: whole-K 16-row tiles whose weight rows
+    /// load before the kernel waits for the previous one) instead of
+    /// cuBLASLt. Off by default: see bench/README.md for the measurements.
+    /// The environment variable `RLX_CUDA_SMALL_GEMM=1` (or `0`) overrides
+    /// it, for A/B measurements.
+    pub small_matmul_kernel: bool,
 }
 
 impl Default for CudaOptions {
@@ -63,6 +70,7 @@ impl Default for CudaOptions {
             precision: Precision::F32,
             fuse_matmul_norm: false,
             programmatic_launch: true,
+            small_matmul_kernel: false,
         }
     }
 }
@@ -327,6 +335,14 @@ impl Core {
             HybridPlan::thunks_only(&graph)
         };
         let mut store = StorePlan::new(&graph, opts.precision);
+        let own_gemms = match std::env::var("RLX_CUDA_SMALL_GEMM").as_deref() {
+            Ok("1") => true,
+            Ok("0") => false,
+            _ => opts.small_matmul_kernel,
+        };
+        if own_gemms {
+            store.allow_own_gemms(&graph);
+        }
         // Which step computes each node (a folded Narrow needs its readers
         // in its own step).
         let mut step_of = vec![usize::MAX; graph.len()];

@@ -217,6 +217,7 @@ mod tests {
             dt: Dt::Bf16,
             transposed: i == transposed,
             folded: false,
+            own_gemm: false,
         }
     }
 

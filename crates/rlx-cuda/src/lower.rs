@@ -1328,14 +1328,6 @@ fn rope_cache<A: Addr>(cx: &Cx<'_, A>, f: &RopeCache) -> Result<Vec<Launch>, Str
     }])
 }
 
-/// Whether rlx's own small-matmul kernel (`gemm_pf_*`) may replace
-/// cuBLASLt: on unless `RLX_CUDA_SMALL_GEMM=0` (a switch for comparing the
-/// two on a device).
-fn small_gemm_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("RLX_CUDA_SMALL_GEMM").map_or(true, |v| v != "0"))
-}
-
 /// A 16-bit matmul (with its bias and activation) of at most
 /// [`crate::fuse_norm::MAX_ROWS`] rows against an `[out, in]` weight as one
 /// `gemm_pf` launch: 16-row tiles over the whole K, the weight rows loaded
@@ -1348,7 +1340,7 @@ fn small_gemm<A: Addr>(cx: &Cx<'_, A>, a: &Shape, b: &Shape) -> Result<Option<La
     let rows = a.numel() / k.max(1);
     // A transposed store is an uploaded weight: no kernel writes it, which
     // is what lets the kernel read it before waiting on the previous grids.
-    let fits = small_gemm_enabled()
+    let fits = cx.addr.store(cx.node.id).own_gemm
         && t != Dt::F32
         && b.rank() == 2
         && cx.addr.store(cx.node.inputs[1]).transposed

@@ -67,6 +67,9 @@ pub(crate) struct Store {
     /// source, and the attention kernels that read it use the source's
     /// row stride.
     pub folded: bool,
+    /// A small 16-bit matmul that may run on rlx's own kernel (`gemm_pf`)
+    /// instead of cuBLASLt ([`StorePlan::allow_own_gemms`]).
+    pub own_gemm: bool,
 }
 
 /// The storage of every node of one graph.
@@ -317,6 +320,16 @@ impl StorePlan {
         }
     }
 
+    /// Let every matmul of `graph` run on rlx's small-matmul kernel where
+    /// its shapes fit (`CudaOptions::small_matmul_kernel`).
+    pub(crate) fn allow_own_gemms(&mut self, graph: &Graph) {
+        for n in graph.nodes() {
+            if matches!(n.op, Op::MatMul | Op::FusedMatMulBiasAct { .. }) {
+                self.stores[n.id.index()].own_gemm = true;
+            }
+        }
+    }
+
     /// The storage of `id`.
     pub(crate) fn get(&self, id: NodeId) -> Store {
         self.stores.get(id.index()).copied().unwrap_or_default()
@@ -447,7 +460,8 @@ mod tests {
             Store {
                 dt: Dt::Bf16,
                 transposed: true,
-                folded: false
+                folded: false,
+                own_gemm: false,
             }
         );
     }
@@ -461,6 +475,7 @@ mod tests {
                 dt: Dt::F32,
                 transposed: true,
                 folded: false,
+                own_gemm: false,
             },
         )
         .unwrap();
@@ -491,6 +506,7 @@ mod tests {
                 dt: Dt::F32,
                 transposed: true,
                 folded: false,
+                own_gemm: false,
             }
         )
         .is_err());

@@ -19,7 +19,8 @@
 //!   rows not a multiple of 4) against the CPU, and an out-of-range id as
 //!   a typed error naming the Gather;
 //! - small 16-bit matmuls (biases, activations, few and odd row counts)
-//!   against the CPU backend;
+//!   against the CPU backend, on cuBLASLt and on rlx's opt-in `gemm_pf`
+//!   (`small_matmul_kernel`);
 //! - a small 16-bit matmul fused with the LayerNorm reading it (opt-in
 //!   `fuse_matmul_norm`: one `gemm_ln` kernel in hybrid segments; off,
 //!   the plan has no such fusion): row counts on and off the
@@ -878,10 +879,12 @@ fn small_half_matmuls_match_the_cpu() {
         let peak = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         // The output is rounded to 16 bits: relative to the largest value.
         for (precision, rel) in [(Precision::Bf16, 1e-2f32), (Precision::F16, 2e-3)] {
-            for hybrid in [false, true] {
+            // cuBLASLt, and rlx's own small-matmul kernel (gemm_pf).
+            for (hybrid, own) in [(false, false), (true, false), (false, true), (true, true)] {
                 let opts = CudaOptions {
                     hybrid,
                     precision,
+                    small_matmul_kernel: own,
                     ..CudaOptions::default()
                 };
                 let plan = rlx::cuda::plan(g.clone(), &opts).unwrap();
@@ -895,13 +898,13 @@ fn small_half_matmuls_match_the_cpu() {
                 let worst = max_abs_diff(got, want);
                 assert!(
                     worst <= rel * peak && got.iter().all(|v| v.is_finite()),
-                    "{} {precision} hybrid={hybrid}: max abs error {worst} > {rel} x {peak}",
+                    "{} {precision} hybrid={hybrid} own={own}: max abs error {worst} > {rel} x {peak}",
                     g.name
                 );
             }
         }
     }
-    println!("small 16-bit matmuls match the CPU backend in bf16 and f16");
+    println!("small 16-bit matmuls (cuBLASLt and gemm_pf) match the CPU backend in bf16 and f16");
 }
 
 #[test]
