@@ -245,6 +245,8 @@ pub(crate) struct Gpu {
     /// Launch rlx kernels with programmatic stream serialization (compute
     /// capability 9.0+ and asked for): see [`GRID_DEP_PRELUDE`].
     pub(crate) grid_dep: bool,
+    /// The device's compute capability.
+    pub(crate) cc: (i32, i32),
 }
 
 // SAFETY: the cuBLAS handle is only used through `&mut CudaModel`, one
@@ -292,6 +294,7 @@ impl Gpu {
             kernels,
             workspace,
             grid_dep: grid_dep && cc.0 >= 9,
+            cc,
         })
     }
 

@@ -55,9 +55,10 @@ pub struct CudaOptions {
     /// Run 16-bit matmuls of at most 256 rows against uploaded weights on
     /// rlx's own kernel (`gemm_pf`: whole-K 16-row tiles whose weight rows
     /// load before the kernel waits for the previous one) instead of
-    /// cuBLASLt. Off by default: see bench/README.md for the measurements.
-    /// The environment variable `RLX_CUDA_SMALL_GEMM=1` (or `0`) overrides
-    /// it, for A/B measurements.
+    /// cuBLASLt, on compute capability 8.0+ (ignored below). Off by
+    /// default: slower than cuBLASLt on the H200 so far (see
+    /// bench/results/gpu_h200.md). The environment variable
+    /// `RLX_CUDA_SMALL_GEMM=1` (or `0`) overrides it, for A/B measurements.
     pub small_matmul_kernel: bool,
 }
 
@@ -72,6 +73,17 @@ impl Default for CudaOptions {
             programmatic_launch: true,
             small_matmul_kernel: false,
         }
+    }
+}
+
+/// Whether `opts` puts small 16-bit matmuls on rlx's `gemm_pf` kernel:
+/// `CudaOptions::small_matmul_kernel`, unless the environment variable
+/// `RLX_CUDA_SMALL_GEMM` is `1` or `0`.
+fn small_matmul_kernel(opts: &CudaOptions) -> bool {
+    match std::env::var("RLX_CUDA_SMALL_GEMM").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => opts.small_matmul_kernel,
     }
 }
 
@@ -328,18 +340,15 @@ struct Core {
 }
 
 impl Core {
-    fn new(graph: Graph, opts: &CudaOptions) -> Core {
+    /// `own_gemms`: small 16-bit matmuls may run on `gemm_pf`
+    /// ([`small_matmul_kernel`]).
+    fn new(graph: Graph, opts: &CudaOptions, own_gemms: bool) -> Core {
         let mut plan = if opts.hybrid {
             build_plan(&graph, &opts.policy, &CudaSegmentCompiler)
         } else {
             HybridPlan::thunks_only(&graph)
         };
         let mut store = StorePlan::new(&graph, opts.precision);
-        let own_gemms = match std::env::var("RLX_CUDA_SMALL_GEMM").as_deref() {
-            Ok("1") => true,
-            Ok("0") => false,
-            _ => opts.small_matmul_kernel,
-        };
         if own_gemms {
             store.allow_own_gemms(&graph);
         }
@@ -514,7 +523,8 @@ impl CudaModel {
         let grid_dep =
             opts.programmatic_launch && std::env::var("RLX_CUDA_PDL").as_deref() != Ok("0");
         let gpu = Gpu::new(opts.device, grid_dep).map_err(rt)?;
-        let core = Core::new(main, opts);
+        // gemm_pf asks for up to 99 KB of shared memory: compute capability 8.0+.
+        let core = Core::new(main, opts, small_matmul_kernel(opts) && gpu.cc.0 >= 8);
         let mut param_shapes = HashMap::new();
         let mut inputs = Vec::new();
         for n in graph.nodes() {

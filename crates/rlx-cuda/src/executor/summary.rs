@@ -53,7 +53,7 @@ pub struct CudaPlan {
 pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> {
     graph.verify()?;
     let StaticSplit { main, .. } = split_static(&graph);
-    let core = Core::new(main, opts);
+    let core = Core::new(main, opts, super::small_matmul_kernel(opts));
     let (mut transposed, mut folded) = (0, 0);
     for n in core.graph.nodes() {
         let s = core.store.get(n.id);
