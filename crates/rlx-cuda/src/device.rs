@@ -174,7 +174,7 @@ fn loaded(ordinal: usize) -> Result<Arc<Loaded>, String> {
             // SAFETY: `module` was just loaded and is valid.
             let f = unsafe { drv::module::get_function(module, cname) }
                 .map_err(|e| derr(&format!("kernel {name}"), e))?;
-            if mixed::DYNAMIC_SMEM_KERNELS.contains(&name) && cc.0 >= 8 {
+            if mixed::needs_dynamic_smem(name) && cc.0 >= 8 {
                 // SAFETY: `f` was just loaded; the attribute only raises the
                 // kernel's dynamic shared memory limit (sm_80+ allow 99 KB).
                 unsafe {

@@ -52,16 +52,11 @@ pub const KERNELS: &[&str] = &[
     "gemm_pf_f16_64",
 ];
 
-/// The kernels that take dynamic shared memory beyond the default 48 KB
-/// (the loader raises their limit to [`GEMM_PF_SMEM_MAX`]).
-pub const DYNAMIC_SMEM_KERNELS: &[&str] = &[
-    "gemm_pf_bf16_16",
-    "gemm_pf_bf16_32",
-    "gemm_pf_bf16_64",
-    "gemm_pf_f16_16",
-    "gemm_pf_f16_32",
-    "gemm_pf_f16_64",
-];
+/// Whether kernel `name` takes dynamic shared memory beyond the default
+/// 48 KB (the loader raises its limit to [`GEMM_PF_SMEM_MAX`]).
+pub(crate) fn needs_dynamic_smem(name: &str) -> bool {
+    name.starts_with("gemm_pf_")
+}
 
 /// The most dynamic shared memory a `gemm_pf` launch asks for: 99 KB, what
 /// every 16-bit tensor-core GPU from sm_80 on allows a block.
