@@ -533,6 +533,26 @@ impl Drop for Graph {
 mod tests {
     use super::*;
 
+    /// The grid-dependency wait opens every kernel once, on the line of its
+    /// opening brace (so a kernel defined in a macro keeps its line
+    /// continuations), and a kernel marked `RLX_OWN_GRID_DEP` is left alone.
+    #[test]
+    fn every_kernel_opens_with_the_grid_dependency_wait() {
+        let src = "__device__ int f(int x) { return x; }\n\
+                   extern \"C\" __global__ void a(float* o) { o[0] = 1.0f; }\n\
+                   #define K(NAME) \\\n__global__ void NAME(float* o) { \\\n o[0] = 2.0f; }\n\
+                   K(b)\n\
+                   __global__ void RLX_OWN_GRID_DEP c(float* o) { RLX_GRID_WAIT(); o[0] = 3.0f; }\n";
+        let out = with_grid_dep(src);
+        assert!(out.starts_with(GRID_DEP_PRELUDE));
+        let body = &out[GRID_DEP_PRELUDE.len()..];
+        assert_eq!(body.matches("RLX_GRID_DEP();").count(), 2, "{body}");
+        assert!(body.contains("void a(float* o) { RLX_GRID_DEP(); o[0] = 1.0f; }"));
+        assert!(body.contains("void NAME(float* o) { RLX_GRID_DEP(); \\\n o[0] = 2.0f; }"));
+        assert!(body.contains("int f(int x) { return x; }"));
+        assert!(body.contains("c(float* o) { RLX_GRID_WAIT(); o[0] = 3.0f; }"));
+    }
+
     /// Every NVRTC module compiles for compute capabilities 7.5 (the
     /// CUDA-core fallbacks), 8.0 and 9.0, and its PTX defines every kernel
     /// it lists, wherever libnvrtc can be loaded: no device is needed, so a
