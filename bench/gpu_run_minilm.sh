@@ -3,7 +3,12 @@
 # bundle made by bench/gpu_prepare.py, a per-kernel profile, then the MiniLM
 # benchmark (bench/gpu_minilm.py). Logs and results go to $OUT.
 #
-#   bash bench/gpu_run_minilm.sh BUNDLE_DIR [bench|tests|all]
+#   bash bench/gpu_run_minilm.sh BUNDLE_DIR [bench|tests|all|ab]
+#
+# `ab` runs only the A/B rounds of the CUDA switches with one binary:
+# programmatic dependent launch (RLX_CUDA_PDL) and rlx's small-matmul kernel
+# (RLX_CUDA_SMALL_GEMM) on MiniLM 1x128 bf16 hybrid, and programmatic launch
+# on a SmolLM2-shaped decode with synthetic weights (hybrid and thunks).
 set -u
 BUNDLE=${1:-.gpu}
 WHAT=${2:-all}
@@ -15,6 +20,21 @@ S=$W/stage
 export RLX_MODELS_DIR=$S/models
 M=$S/models/all-minilm-l6-v2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+if [ "$WHAT" = ab ]; then
+  for r in 1 2; do
+    for sg in 0 1; do for pdl in 0 1; do
+      echo -n "round $r MiniLM 1x128 bf16 hybrid small_gemm=$sg pdl=$pdl: "
+      RLX_CUDA_SMALL_GEMM=$sg RLX_CUDA_PDL=$pdl timeout 60 "$S/rlx" bench --model "$M" --device cuda \
+        --mode hybrid --precision bf16 --batch 1 --seq 128 --iters 300 --warmup 30 2>&1 | grep -o "median.*"
+    done; done
+    for mode in hybrid thunks; do for pdl in 0 1; do
+      echo -n "round $r SmolLM2-shaped decode $mode pdl=$pdl: "
+      RLX_CUDA_PDL=$pdl timeout 120 "$S/rlx" bench-llm --device cuda --synthetic --prefill 16 --decode 128 \
+        --reps 5 --mode $mode --json 2>&1 | tail -1
+    done; done
+  done 2>&1 | tee "$OUT/ab.log"
+  exit 0
+fi
 if [ "$WHAT" != bench ]; then
   for t in "$S"/tests/*; do
     n=$(basename "$t")
