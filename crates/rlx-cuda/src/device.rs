@@ -553,6 +553,37 @@ mod tests {
         assert!(body.contains("c(float* o) { RLX_GRID_WAIT(); o[0] = 3.0f; }"));
     }
 
+    /// On 9.0 the small-matmul kernel lets the next kernel launch first,
+    /// issues its weight copies before the grid-dependency wait (that is
+    /// its point), and its activation copies after it.
+    #[test]
+    fn small_matmul_loads_weights_before_the_wait() {
+        // SAFETY: only tries to open the shared library.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            println!("skipped: libnvrtc not found (scripts/test.sh installs it)");
+            return;
+        }
+        let i = MODULES.iter().position(|m| m.0 == mixed::SOURCE).unwrap();
+        let ptx = ptx_for(i, (9, 0)).unwrap();
+        let ptx = ptx.to_str().unwrap();
+        for k in ["gemm_pf_bf16_16", "gemm_pf_f16_64"] {
+            let at = ptx.find(&format!(".entry {k}(")).unwrap();
+            let body = &ptx[at..];
+            let body = &body[..body[1..].find(".entry ").map_or(body.len(), |e| e + 1)];
+            let pos = |what: &str| body.find(what).unwrap_or_else(|| panic!("{k}: no {what}"));
+            let wait = pos("griddepcontrol.wait");
+            assert!(
+                pos("griddepcontrol.launch_dependents") < pos("cp.async"),
+                "{k}"
+            );
+            assert!(pos("cp.async") < wait, "{k}: no copy before the wait");
+            assert!(
+                body[wait..].contains("cp.async.ca") || body[wait..].contains("cp.async.cg"),
+                "{k}"
+            );
+        }
+    }
+
     /// Every NVRTC module compiles for compute capabilities 7.5 (the
     /// CUDA-core fallbacks), 8.0 and 9.0, and its PTX defines every kernel
     /// it lists, wherever libnvrtc can be loaded: no device is needed, so a
