@@ -46,6 +46,9 @@ pub(crate) enum Fusion {
     Gemv(Arc<crate::fuse_gemv::GemvFusion>),
     /// A one-row `Rope` whose launch also does cache writes.
     RopeCache(Arc<crate::fuse_cache::RopeCache>),
+    /// The root of a masked mean pooling (and its L2 normalization):
+    /// one launch for the group.
+    Pool(Arc<crate::fuse_pool::Pool>),
     /// A `Reduce` that applies its input's `Binary` per element.
     Reduce(Arc<crate::fuse_reduce::ReducePrologue>),
     /// A `FusedResidualLN` that computes the matmul it reads.
@@ -125,7 +128,8 @@ pub(crate) fn find_chains(g: &Graph, claimed: &HashSet<NodeId>) -> HashMap<NodeI
 }
 
 /// Every fusion of a segment's sub-graph: the quantized GEMV groups
-/// ([`crate::fuse_gemv`]) first, then reductions with their binary
+/// ([`crate::fuse_gemv`]) first, then mean poolings ([`crate::fuse_pool`]),
+/// reductions with their binary
 /// ([`crate::fuse_reduce`]), matmuls with their norm and norms with the
 /// Add before them ([`crate::fuse_norm`]), then elementwise chains over
 /// the rest,
@@ -138,6 +142,8 @@ pub(crate) fn find_fusions(
     store: impl Fn(NodeId) -> Store,
 ) -> HashMap<NodeId, Fusion> {
     let mut m = crate::fuse_gemv::find_gemv(g, &store);
+    let claimed: HashSet<NodeId> = m.keys().copied().collect();
+    m.extend(crate::fuse_pool::find_pools(g, &claimed, &store));
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
     m.extend(crate::fuse_reduce::find_reduce_prologues(
         g, &claimed, &store,
@@ -185,6 +191,7 @@ pub(crate) fn fused_ticks(g: &Graph, fusions: &HashMap<NodeId, Fusion>) -> Vec<T
             Some(Fusion::Root(c)) => Some(group(&c.nodes)),
             Some(Fusion::Gemv(f)) => Some(group(&f.nodes)),
             Some(Fusion::Reduce(f)) => Some(group(&f.nodes)),
+            Some(Fusion::Pool(f)) => Some(group(&f.nodes)),
             Some(Fusion::GemmNorm(f)) => Some(group(&f.nodes)),
             Some(Fusion::NormAdd(f)) => Some(group(&f.nodes)),
         })

@@ -194,6 +194,7 @@ mod tests {
                 Some(Fusion::Reduce(_)) => "reduce",
                 Some(Fusion::GemmNorm(_)) => "gemm-norm",
                 Some(Fusion::NormAdd(_)) => "norm-add",
+                Some(Fusion::Pool(_)) => "pool",
             })
             .collect()
     }

@@ -16,7 +16,8 @@
 //!   addresses; segment-internal tensors live in a shared scratch buffer;
 //!   elementwise chains inside a segment run as one generated kernel, and a
 //!   quantized GEMV, a one-row Rope or a Reduce absorbs its neighbours
-//!   (`fuse_gemv`, `fuse_cache`, `fuse_reduce`), and a norm the Add before
+//!   (`fuse_gemv`, `fuse_cache`, `fuse_reduce`), a masked mean pooling and
+//!   its L2 normalization run as one kernel (`fuse_pool`), and a norm the Add before
 //!   it (`fuse_norm`; opt-in, `CudaOptions::fuse_matmul_norm`: a small
 //!   16-bit matmul with the LayerNorm reading it, slower than cuBLASLt on
 //!   the H200 so far).
@@ -42,6 +43,7 @@ mod fuse;
 mod fuse_cache;
 mod fuse_gemv;
 mod fuse_norm;
+mod fuse_pool;
 mod fuse_reduce;
 mod kernels;
 mod kv;

@@ -404,6 +404,7 @@ pub(crate) fn lower(
         Fusion::Gemv(f) => return gemv_group(&cx, &f),
         Fusion::RopeCache(f) => return rope_cache(&cx, &f),
         Fusion::Reduce(f) => return reduce(&mut cx, Some(&f)),
+        Fusion::Pool(f) => return pool(&cx, &f),
         Fusion::GemmNorm(f) => return gemm_norm(&mut cx, &f),
         // The norm's own lowering reads its absorbed Add (`norm_x`).
         Fusion::NormAdd(_) => {}
@@ -1204,6 +1205,47 @@ fn reduce<A: Addr>(
             Arg::I(cx.dt_out().code()),
             Arg::I(tx.code()),
             Arg::I(ty.code()),
+        ],
+    }])
+}
+
+/// A masked mean pooling with its optional L2 normalization (see
+/// [`crate::fuse_pool`]): one `pool_mean_x` block per batch row. The block
+/// is `groups` row groups of `cols` threads (a multiple of 32, up to
+/// 1024 threads): thread (g, c) sums rows g, g + groups, .. of columns
+/// c, c + cols, ..; the groups' column sums meet in shared memory.
+fn pool<A: Addr>(cx: &Cx<'_, A>, f: &crate::fuse_pool::Pool) -> Result<Vec<Launch>, String> {
+    let at = |id: NodeId| {
+        cx.addr
+            .addr(id)
+            .ok_or_else(|| format!("mean pooling input (node {id}) has no device address"))
+    };
+    let [b, s, h] = cx.graph.node(f.x).shape.dims[..] else {
+        return Err(format!("mean pooling: node {} is not [B, S, H]", f.x));
+    };
+    let cols = h.next_multiple_of(32).min(1024);
+    let groups = (1024 / cols).clamp(1, s.max(1));
+    let dt = |id: NodeId| cx.addr.store(id).dt.code();
+    Ok(vec![Launch::Kernel {
+        name: "pool_mean_x",
+        grid: [int(b, "batch")? as u32, 1, 1],
+        block: (cols * groups) as u32,
+        smem: ((groups * h + 33) * 4) as u32,
+        args: vec![
+            Arg::P(cx.out()?),
+            Arg::P(at(f.x)?),
+            Arg::P(at(f.mask)?),
+            Arg::P(at(f.count)?),
+            Arg::I(int(s, "sequence")?),
+            Arg::I(int(h, "width")?),
+            Arg::F(f.tiny),
+            Arg::F(f.eps.unwrap_or(0.0)),
+            Arg::I(f.eps.is_some() as i32),
+            Arg::I(int(groups, "groups")?),
+            Arg::I(cx.dt_out().code()),
+            Arg::I(dt(f.x)),
+            Arg::I(dt(f.mask)),
+            Arg::I(dt(f.count)),
         ],
     }])
 }

@@ -44,6 +44,7 @@ pub const KERNELS: &[&str] = &[
     "gemm_ln_bf16",
     "gemm_ln_f16",
     "gather_rows_x",
+    "pool_mean_x",
     "gemm_pf_bf16_16",
     "gemm_pf_bf16_32",
     "gemm_pf_bf16_64",
@@ -1577,6 +1578,70 @@ __global__ void gather_rows_x(void* out, const void* table, const void* ids, lon
         else if (to == 1) st4<1>(out, o, v);
         else st4<2>(out, o, v);
     }
+}
+
+// Masked mean pooling over axis 1, then (l2 != 0) an L2 normalization,
+// one block per batch row b (see fuse_pool.rs): x [B, S, H] of type tx,
+// m and c B x S masks (types tm, tc: m multiplies, c is counted);
+// mean[j] = sum_s x[b, s, j] m[b, s] / max(sum_s c[b, s], tiny), and
+// out[b, j] = mean[j] / max(sqrt(sum_j mean[j]^2), eps), or mean[j].
+// The block is `groups` row groups of blockDim / groups threads: thread
+// (g, col) sums rows g, g + groups, .. of columns col, col + cols, ...
+// Dynamic shared memory: groups * H column sums, then 33 floats.
+__global__ void pool_mean_x(void* out, const void* x, const void* m, const void* c, int S,
+                            int H, float tiny, float eps, int l2, int groups, int to, int tx,
+                            int tm, int tc) {
+    extern __shared__ float pool_sm[];
+    float* part = pool_sm;
+    float* red = pool_sm + groups * H;
+    int cols = blockDim.x / groups;
+    int g = threadIdx.x / cols, col = threadIdx.x - g * cols;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    long long b = blockIdx.x, xb = b * S * H, mb = b * S;
+    if (g < groups) {
+        for (int j = col; j < H; j += cols) {
+            float acc = 0.0f;
+            int s = g;
+            // Four rows' loads in flight before their products.
+            for (; s + 3 * groups < S; s += 4 * groups) {
+                float v[4], w[4];
+                #pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    v[u] = ldx(x, xb + (long long)(s + u * groups) * H + j, tx);
+                    w[u] = ldx(m, mb + s + u * groups, tm);
+                }
+                #pragma unroll
+                for (int u = 0; u < 4; ++u) acc += v[u] * w[u];
+            }
+            for (; s < S; s += groups) acc += ldx(x, xb + (long long)s * H + j, tx) * ldx(m, mb + s, tm);
+            part[g * H + j] = acc;
+        }
+    }
+    if (warp == 0) {
+        float n = 0.0f;
+        for (int s = lane; s < S; s += 32) n += ldx(c, mb + s, tc);
+        n = warp_sum(n);
+        if (lane == 0) red[32] = bin_apply(4, n, tiny);
+    }
+    __syncthreads();
+    float cnt = red[32], ss = 0.0f;
+    // Column j's mean stays with the thread that will store it.
+    for (int j = threadIdx.x; j < H; j += blockDim.x) {
+        float v = 0.0f;
+        for (int q = 0; q < groups; ++q) v += part[q * H + j];
+        v = v / cnt;
+        if (l2) part[j] = v;
+        else stx(out, b * H + j, to, v);
+        ss += v * v;
+    }
+    if (!l2) return;
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int w = 0; w < nw; ++w) tot += red[w];
+    float norm = bin_apply(4, sqrtf(tot), eps);
+    for (int j = threadIdx.x; j < H; j += blockDim.x) stx(out, b * H + j, to, part[j] / norm);
 }
 
 #define GEMM_LN(NAME, T)                                                                  \

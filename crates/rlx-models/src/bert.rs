@@ -228,51 +228,77 @@ pub fn build_graph(
     }
     let mut outputs = Vec::new();
     if outs.pooled {
-        let m3 = g.push(
-            Op::Reshape {
-                shape: vec![b, s, 1],
-            },
-            vec![mask],
-        )?;
-        let xm = g.push(Op::Binary(BinaryOp::Mul), vec![x, m3])?;
-        let sum = g.push(
-            Op::Reduce {
-                op: ReduceOp::Sum,
-                axes: vec![1],
-                keep_dims: false,
-            },
-            vec![xm],
-        )?;
-        let cnt = g.push(
-            Op::Reduce {
-                op: ReduceOp::Sum,
-                axes: vec![1],
-                keep_dims: true,
-            },
-            vec![mask],
-        )?;
-        let tiny = g.constant(Tensor::f32(&[1], vec![1e-9]));
-        let cnt = g.push(Op::Binary(BinaryOp::Max), vec![cnt, tiny])?;
-        let mean = g.push(Op::Binary(BinaryOp::Div), vec![sum, cnt])?;
-        let sq = g.push(Op::Binary(BinaryOp::Mul), vec![mean, mean])?;
-        let ss = g.push(
-            Op::Reduce {
-                op: ReduceOp::Sum,
-                axes: vec![1],
-                keep_dims: true,
-            },
-            vec![sq],
-        )?;
-        let norm = g.push(Op::Activation(Activation::Sqrt), vec![ss])?;
-        let eps12 = g.constant(Tensor::f32(&[1], vec![1e-12]));
-        let norm = g.push(Op::Binary(BinaryOp::Max), vec![norm, eps12])?;
-        outputs.push(g.push(Op::Binary(BinaryOp::Div), vec![mean, norm])?);
+        outputs.push(mean_pool(&mut g, x, mask, true)?);
     }
     if outs.tokens {
         outputs.push(x);
     }
     g.set_outputs(outputs);
     Ok(g)
+}
+
+/// The sentence embedding of token states `x` `[B, S, H]` under the
+/// attention mask `mask` `[B, S]` (1 keeps a token): the mean of the kept
+/// rows (the count floored at 1e-9), L2-normalized (the norm floored at
+/// 1e-12) when `normalize` is set, as sentence-transformers computes it.
+/// The CUDA backend runs this tail as one kernel.
+pub fn mean_pool(
+    g: &mut Graph,
+    x: NodeId,
+    mask: NodeId,
+    normalize: bool,
+) -> Result<NodeId, IrError> {
+    let shape = g.node(mask).shape.clone();
+    let [b, s] = shape.dims[..] else {
+        return Err(IrError::Shape {
+            node: mask,
+            op: "mean_pool".into(),
+            inputs: vec![shape],
+            expected: "a [batch, seq] attention mask".into(),
+        });
+    };
+    let m3 = g.push(
+        Op::Reshape {
+            shape: vec![b, s, 1],
+        },
+        vec![mask],
+    )?;
+    let xm = g.push(Op::Binary(BinaryOp::Mul), vec![x, m3])?;
+    let sum = g.push(
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: vec![1],
+            keep_dims: false,
+        },
+        vec![xm],
+    )?;
+    let cnt = g.push(
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: vec![1],
+            keep_dims: true,
+        },
+        vec![mask],
+    )?;
+    let tiny = g.constant(Tensor::f32(&[1], vec![1e-9]));
+    let cnt = g.push(Op::Binary(BinaryOp::Max), vec![cnt, tiny])?;
+    let mean = g.push(Op::Binary(BinaryOp::Div), vec![sum, cnt])?;
+    if !normalize {
+        return Ok(mean);
+    }
+    let sq = g.push(Op::Binary(BinaryOp::Mul), vec![mean, mean])?;
+    let ss = g.push(
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: vec![1],
+            keep_dims: true,
+        },
+        vec![sq],
+    )?;
+    let norm = g.push(Op::Activation(Activation::Sqrt), vec![ss])?;
+    let eps12 = g.constant(Tensor::f32(&[1], vec![1e-12]));
+    let norm = g.push(Op::Binary(BinaryOp::Max), vec![norm, eps12])?;
+    g.push(Op::Binary(BinaryOp::Div), vec![mean, norm])
 }
 
 /// Deterministic pseudo-random weights for a config (for tests and

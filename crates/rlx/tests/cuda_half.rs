@@ -18,6 +18,9 @@
 //! - 16-bit embedding gathers (a warp per row, and the general kernel for
 //!   rows not a multiple of 4) against the CPU, and an out-of-range id as
 //!   a typed error naming the Gather;
+//! - the sentence-embedding tail (masked mean pooling, L2 normalization)
+//!   as one kernel in MiniLM's plan, and its values in every precision
+//!   against the CPU backend (a row of one token, a row of none);
 //! - small 16-bit matmuls (biases, activations, few and odd row counts)
 //!   against the CPU backend, on cuBLASLt and on rlx's opt-in `gemm_pf`
 //!   (`small_matmul_kernel`);
@@ -418,6 +421,76 @@ fn elementwise_chains_in_a_segment_run_as_one_generated_kernel() {
             1e-5,
             "fused chain",
         );
+    }
+}
+
+#[test]
+fn the_pooling_tail_is_one_kernel_and_matches_the_cpu() {
+    // The plan needs no device: MiniLM's optimized graph at 1x128 and
+    // 32x128 pools in one kernel (no reduction or chain left over).
+    let cfg = BertConfig::minilm_l6();
+    for b in [1, 32] {
+        let outs = BertOutputs {
+            pooled: true,
+            tokens: false,
+        };
+        let g = optimized(&build_graph(&cfg, b, 128, outs).unwrap());
+        for precision in [Precision::F32, Precision::Bf16] {
+            let opts = CudaOptions {
+                hybrid: true,
+                precision,
+                ..CudaOptions::default()
+            };
+            let plan = rlx::cuda::plan(g.clone(), &opts).unwrap();
+            let fused = (plan.fused_pools, plan.fused_reduces, plan.fused_chains);
+            assert_eq!(fused, (1, 0, 0), "{b}x128 {precision}: {plan:?}");
+        }
+    }
+    if !cuda_or_skip() {
+        return;
+    }
+    use rlx::ir::Shape;
+    // The tail alone over token states of MiniLM's width, a row with one
+    // kept token and a row with none (the count floor), in every precision.
+    let (b, s, h) = (3, 40, 384);
+    let mut g = Graph::new("pool");
+    let x = g.input("x", Shape::f32(&[b, s, h]));
+    let mask = g.input("mask", Shape::f32(&[b, s]));
+    let y = rlx::models::bert::mean_pool(&mut g, x, mask, true).unwrap();
+    g.set_outputs(vec![y]);
+    let xs: Vec<f32> = (0..b * s * h)
+        .map(|i| ((i * 7919) % 211) as f32 / 100.0 - 1.0)
+        .collect();
+    let ms: Vec<f32> = (0..b * s)
+        .map(|i| match i / s {
+            0 => (i % 7 != 3) as u8 as f32,
+            1 => (i % s == 5) as u8 as f32,
+            _ => 0.0,
+        })
+        .collect();
+    let inputs = [("x", TensorRef::F32(&xs)), ("mask", TensorRef::F32(&ms))];
+    let mut cpu = Session::new(Device::Cpu).compile(g.clone()).unwrap();
+    let want = cpu.run_typed(&inputs).unwrap();
+    let want = want[0].as_f32().unwrap();
+    assert!(
+        want[2 * h..].iter().all(|&v| v == 0.0),
+        "an empty row pools to 0"
+    );
+    for (precision, tol) in [
+        (Precision::F32, 1e-5f32),
+        (Precision::Bf16, 1e-2),
+        (Precision::F16, 2e-3),
+    ] {
+        let opts = CudaOptions {
+            hybrid: true,
+            precision,
+            ..CudaOptions::default()
+        };
+        let mut m = CudaModel::compile(g.clone(), &opts).unwrap();
+        let got = m.run(&inputs).unwrap();
+        assert_eq!(m.device_ops(), Some(1), "{precision}: one kernel");
+        let got = got[0].as_f32().unwrap();
+        assert_close(got, want, tol, &format!("pooling {precision}"));
     }
 }
 

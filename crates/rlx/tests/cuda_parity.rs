@@ -707,6 +707,22 @@ fn every_op_matches_the_cpu_backend() {
         g.set_outputs(vec![y]);
         cases.push(g);
     }
+    // Masked mean pooling with and without its L2 normalization (one
+    // kernel in hybrid): odd widths, a width over 1024 (two column passes),
+    // MiniLM's, and a count that can fall under the floor (random values).
+    for (b, s, h, normalize, count) in [
+        (3, 7, 50, true, "keep_mask"),
+        (2, 128, 384, true, "keep_mask"),
+        (2, 5, 1100, false, "keep_mask"),
+        (3, 9, 96, true, "count"),
+    ] {
+        let mut g = Graph::new(format!("mean_pool_{b}x{s}x{h}_{normalize}_{count}"));
+        let x = g.input("x", f(&[b, s, h]));
+        let m = g.input(count, f(&[b, s]));
+        let y = rlx::models::bert::mean_pool(&mut g, x, m, normalize).unwrap();
+        g.set_outputs(vec![y]);
+        cases.push(g);
+    }
     let n = cases.len();
     for (i, g) in cases.iter().enumerate() {
         check(g, 1000 + i as u64, 2e-5);

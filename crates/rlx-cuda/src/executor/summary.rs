@@ -40,6 +40,9 @@ pub struct CudaPlan {
     /// `Reduce`s that apply their input's `Binary` per element (the
     /// binary never materialized).
     pub fused_reduces: usize,
+    /// Masked mean poolings (with their L2 normalization where one
+    /// follows) run as one kernel each.
+    pub fused_pools: usize,
     /// `FusedResidualLN`s that compute the matmul they read (small 16-bit
     /// matmuls; the matmul never materialized).
     pub fused_gemm_norms: usize,
@@ -63,7 +66,7 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
     let (mut fused_chains, mut fused_nodes) = (0, 0);
     let (mut fused_gemvs, mut gemv_absorbed) = (0, 0);
     let (mut fused_ropes, mut rope_writes, mut fused_reduces) = (0, 0, 0);
-    let (mut fused_gemm_norms, mut fused_norm_adds) = (0, 0);
+    let (mut fused_gemm_norms, mut fused_norm_adds, mut fused_pools) = (0, 0, 0);
     for c in core.chains.iter().flat_map(|m| m.values()) {
         match c {
             crate::fuse::Fusion::Root(ch) => {
@@ -79,6 +82,7 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
                 rope_writes += 1 + f.v.is_some() as usize;
             }
             crate::fuse::Fusion::Reduce(_) => fused_reduces += 1,
+            crate::fuse::Fusion::Pool(_) => fused_pools += 1,
             crate::fuse::Fusion::GemmNorm(_) => fused_gemm_norms += 1,
             crate::fuse::Fusion::NormAdd(_) => fused_norm_adds += 1,
             _ => {}
@@ -101,6 +105,7 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
         fused_ropes,
         rope_writes,
         fused_reduces,
+        fused_pools,
         fused_gemm_norms,
         fused_norm_adds,
     })
