@@ -1210,10 +1210,13 @@ fn reduce<A: Addr>(
 }
 
 /// A masked mean pooling with its optional L2 normalization (see
-/// [`crate::fuse_pool`]): one `pool_mean_x` block per batch row. The block
-/// is `groups` row groups of `cols` threads (a multiple of 32, up to
-/// 1024 threads): thread (g, c) sums rows g, g + groups, .. of columns
-/// c, c + cols, ..; the groups' column sums meet in shared memory.
+/// [`crate::fuse_pool`]): one `pool_mean_x` block per batch row, of
+/// `groups` row groups of `cols` threads (a multiple of 32; at most 1024
+/// threads in all). A thread sums every `groups`-th row of its columns
+/// (4 per vector load where the width and alignment allow); the groups'
+/// column sums meet in shared memory. One block reads the whole `S x H`
+/// slice, so it is as wide as it can be: at 1 x 128 x 384 (bf16) one
+/// column per thread over 64 rows each took 16.7 us on the H200.
 fn pool<A: Addr>(cx: &Cx<'_, A>, f: &crate::fuse_pool::Pool) -> Result<Vec<Launch>, String> {
     let at = |id: NodeId| {
         cx.addr
@@ -1223,7 +1226,10 @@ fn pool<A: Addr>(cx: &Cx<'_, A>, f: &crate::fuse_pool::Pool) -> Result<Vec<Launc
     let [b, s, h] = cx.graph.node(f.x).shape.dims[..] else {
         return Err(format!("mean pooling: node {} is not [B, S, H]", f.x));
     };
-    let cols = h.next_multiple_of(32).min(1024);
+    let x = at(f.x)?;
+    let v4 = h.is_multiple_of(4) && x.is_multiple_of(4 * cx.addr.store(f.x).dt.size() as u64);
+    let items = if v4 { h / 4 } else { h };
+    let cols = items.next_multiple_of(32).min(1024);
     let groups = (1024 / cols).clamp(1, s.max(1));
     let dt = |id: NodeId| cx.addr.store(id).dt.code();
     Ok(vec![Launch::Kernel {
@@ -1233,7 +1239,7 @@ fn pool<A: Addr>(cx: &Cx<'_, A>, f: &crate::fuse_pool::Pool) -> Result<Vec<Launc
         smem: ((groups * h + 33) * 4) as u32,
         args: vec![
             Arg::P(cx.out()?),
-            Arg::P(at(f.x)?),
+            Arg::P(x),
             Arg::P(at(f.mask)?),
             Arg::P(at(f.count)?),
             Arg::I(int(s, "sequence")?),
@@ -1242,6 +1248,7 @@ fn pool<A: Addr>(cx: &Cx<'_, A>, f: &crate::fuse_pool::Pool) -> Result<Vec<Launc
             Arg::F(f.eps.unwrap_or(0.0)),
             Arg::I(f.eps.is_some() as i32),
             Arg::I(int(groups, "groups")?),
+            Arg::I(v4 as i32),
             Arg::I(cx.dt_out().code()),
             Arg::I(dt(f.x)),
             Arg::I(dt(f.mask)),

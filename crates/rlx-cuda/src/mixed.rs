@@ -1340,6 +1340,33 @@ __device__ __forceinline__ void gemm_pf_body(void* out, const void* a, const voi
     }
 }
 
+// pool_mean_x's column sums for columns 4 j .. 4 j + 3 over rows g, g +
+// groups, ..: eight rows' loads in flight before their products (rows
+// past S predicated off, not a serial tail).
+template <int T>
+__device__ __forceinline__ void pool_rows4(const void* x, const void* m, long long xb,
+                                           long long mb, int S, int H, int j, int g,
+                                           int groups, int tm, float* acc) {
+    for (int s = g; s < S; s += 8 * groups) {
+        float v[8][4], w[8];
+        #pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            int r = s + u * groups;
+            w[u] = 0.0f;
+            v[u][0] = 0.0f; v[u][1] = 0.0f; v[u][2] = 0.0f; v[u][3] = 0.0f;
+            if (r < S) {
+                ld4<T>(x, xb + (long long)r * H + 4 * j, v[u]);
+                w[u] = ldx(m, mb + r, tm);
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) acc[e] += v[u][e] * w[u];
+        }
+    }
+}
+
 extern "C" {
 
 // One warp per output element (lanes split the reduced elements, then a
@@ -1586,11 +1613,14 @@ __global__ void gather_rows_x(void* out, const void* table, const void* ids, lon
 // mean[j] = sum_s x[b, s, j] m[b, s] / max(sum_s c[b, s], tiny), and
 // out[b, j] = mean[j] / max(sqrt(sum_j mean[j]^2), eps), or mean[j].
 // The block is `groups` row groups of blockDim / groups threads: thread
-// (g, col) sums rows g, g + groups, .. of columns col, col + cols, ...
+// (g, col) sums rows g, g + groups, .. of column items col, col + cols, ..
+// (with v4 an item is 4 columns read by one vector load: H % 4 == 0, x
+// aligned to 4 elements; else one column). One block reads all S H values,
+// so the loads must overlap: many groups, several rows in flight each.
 // Dynamic shared memory: groups * H column sums, then 33 floats.
 __global__ void pool_mean_x(void* out, const void* x, const void* m, const void* c, int S,
-                            int H, float tiny, float eps, int l2, int groups, int to, int tx,
-                            int tm, int tc) {
+                            int H, float tiny, float eps, int l2, int groups, int v4, int to,
+                            int tx, int tm, int tc) {
     extern __shared__ float pool_sm[];
     float* part = pool_sm;
     float* red = pool_sm + groups * H;
@@ -1598,22 +1628,29 @@ __global__ void pool_mean_x(void* out, const void* x, const void* m, const void*
     int g = threadIdx.x / cols, col = threadIdx.x - g * cols;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     long long b = blockIdx.x, xb = b * S * H, mb = b * S;
-    if (g < groups) {
+    if (v4) {
+        for (int j = col; j < H / 4; j += cols) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (tx == 0) pool_rows4<0>(x, m, xb, mb, S, H, j, g, groups, tm, acc);
+            else if (tx == 1) pool_rows4<1>(x, m, xb, mb, S, H, j, g, groups, tm, acc);
+            else pool_rows4<2>(x, m, xb, mb, S, H, j, g, groups, tm, acc);
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) part[g * H + 4 * j + e] = acc[e];
+        }
+    } else {
         for (int j = col; j < H; j += cols) {
             float acc = 0.0f;
-            int s = g;
-            // Four rows' loads in flight before their products.
-            for (; s + 3 * groups < S; s += 4 * groups) {
+            for (int s = g; s < S; s += 4 * groups) {
                 float v[4], w[4];
                 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
-                    v[u] = ldx(x, xb + (long long)(s + u * groups) * H + j, tx);
-                    w[u] = ldx(m, mb + s + u * groups, tm);
+                    int r = s + u * groups;
+                    v[u] = r < S ? ldx(x, xb + (long long)r * H + j, tx) : 0.0f;
+                    w[u] = r < S ? ldx(m, mb + r, tm) : 0.0f;
                 }
                 #pragma unroll
                 for (int u = 0; u < 4; ++u) acc += v[u] * w[u];
             }
-            for (; s < S; s += groups) acc += ldx(x, xb + (long long)s * H + j, tx) * ldx(m, mb + s, tm);
             part[g * H + j] = acc;
         }
     }
