@@ -11,8 +11,8 @@
 //! `eps` one-element constants, either operand order of `Max` and the
 //! product) runs as one `pool_mean_x` launch, one block per batch row:
 //! five launches (two reductions with their products absorbed, the count,
-//! two elementwise chains) on MiniLM, about 17 us of its 1x128 run on the
-//! H200, become one. Every interior node has its users inside the group
+//! two elementwise chains) become one: on the H200 (ncu, MiniLM bf16)
+//! 7.6 us instead of 17.2 at 1x128, 8.2 instead of 25.2 at 32x128. Every interior node has its users inside the group
 //! and is not a segment output; `x`, `m` and `c` are read in their storage
 //! (none through a folded Narrow). Statistics are f32; only the root is
 //! stored.
