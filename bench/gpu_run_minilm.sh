@@ -3,7 +3,11 @@
 # bundle made by bench/gpu_prepare.py, a per-kernel profile, then the MiniLM
 # benchmark (bench/gpu_minilm.py). Logs and results go to $OUT.
 #
-#   bash bench/gpu_run_minilm.sh BUNDLE_DIR [bench|tests|all|ab]
+#   bash bench/gpu_run_minilm.sh BUNDLE_DIR [bench|tests|all|ab|vs OLD_RLX]
+#
+# `vs` compares the bundle's rlx with another build (OLD_RLX: a binary, or
+# a .gz of one, carried beside the bundle) in the same run: three rounds of
+# MiniLM bf16 hybrid at 1x128 and 32x128, the two builds alternating.
 #
 # `ab` runs only the A/B rounds of the CUDA switches with one binary:
 # programmatic dependent launch (RLX_CUDA_PDL) and rlx's small-matmul kernel
@@ -20,6 +24,21 @@ S=$W/stage
 export RLX_MODELS_DIR=$S/models
 M=$S/models/all-minilm-l6-v2
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+if [ "$WHAT" = vs ]; then
+  OLD=${3:?usage: gpu_run_minilm.sh BUNDLE_DIR vs OLD_RLX}
+  case "$OLD" in
+    *.gz) gunzip -c "$OLD" > "$W/rlx_old" ;;
+    *) cp "$OLD" "$W/rlx_old" ;;
+  esac
+  chmod +x "$W/rlx_old"
+  for r in 1 2 3; do for b in 1 32; do for v in old new; do
+    B=$S/rlx; [ $v = old ] && B=$W/rlx_old
+    echo -n "round $r MiniLM ${b}x128 bf16 hybrid $v: "
+    timeout 60 "$B" bench --model "$M" --device cuda --mode hybrid --precision bf16 --batch $b \
+      --seq 128 --iters 300 --warmup 20 2>&1 | grep -o "median.*"
+  done; done; done 2>&1 | tee "$OUT/vs.log"
+  exit 0
+fi
 if [ "$WHAT" = ab ]; then
   for r in 1 2; do
     for sg in 0 1; do for pdl in 0 1; do
