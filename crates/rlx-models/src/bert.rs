@@ -257,6 +257,15 @@ pub fn mean_pool(
             expected: "a [batch, seq] attention mask".into(),
         });
     };
+    // Sums over the sequence (axis 1), keeping it as a 1 or not.
+    let sum_1 = |g: &mut Graph, x: NodeId, keep_dims: bool| {
+        let op = Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: vec![1],
+            keep_dims,
+        };
+        g.push(op, vec![x])
+    };
     let m3 = g.push(
         Op::Reshape {
             shape: vec![b, s, 1],
@@ -264,22 +273,8 @@ pub fn mean_pool(
         vec![mask],
     )?;
     let xm = g.push(Op::Binary(BinaryOp::Mul), vec![x, m3])?;
-    let sum = g.push(
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            axes: vec![1],
-            keep_dims: false,
-        },
-        vec![xm],
-    )?;
-    let cnt = g.push(
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            axes: vec![1],
-            keep_dims: true,
-        },
-        vec![mask],
-    )?;
+    let sum = sum_1(g, xm, false)?;
+    let cnt = sum_1(g, mask, true)?;
     let tiny = g.constant(Tensor::f32(&[1], vec![1e-9]));
     let cnt = g.push(Op::Binary(BinaryOp::Max), vec![cnt, tiny])?;
     let mean = g.push(Op::Binary(BinaryOp::Div), vec![sum, cnt])?;
@@ -287,14 +282,7 @@ pub fn mean_pool(
         return Ok(mean);
     }
     let sq = g.push(Op::Binary(BinaryOp::Mul), vec![mean, mean])?;
-    let ss = g.push(
-        Op::Reduce {
-            op: ReduceOp::Sum,
-            axes: vec![1],
-            keep_dims: true,
-        },
-        vec![sq],
-    )?;
+    let ss = sum_1(g, sq, true)?;
     let norm = g.push(Op::Activation(Activation::Sqrt), vec![ss])?;
     let eps12 = g.constant(Tensor::f32(&[1], vec![1e-12]));
     let norm = g.push(Op::Binary(BinaryOp::Max), vec![norm, eps12])?;
