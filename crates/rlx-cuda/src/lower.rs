@@ -1575,6 +1575,16 @@ fn norm<A: Addr>(
         })
     });
     let gathered = nin.gathers.iter().any(Option::is_some);
+    // The variant that reads gathers (`_g`): the plain one compiles
+    // without that code.
+    let warp_kernel = warp_kernel.map(|name| match gathered {
+        false => Some(name),
+        true => crate::mixed::KERNELS
+            .iter()
+            .copied()
+            .find(|k| k.strip_suffix("_g") == Some(name)),
+    });
+    let warp_kernel = warp_kernel.flatten();
     if gathered && warp_kernel.is_none() {
         // fuse_norm only lets gathers feed norms this kernel runs; an
         // unaligned address is the one way here.
