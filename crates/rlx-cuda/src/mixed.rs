@@ -969,6 +969,13 @@ __device__ __forceinline__ void norm_warp_body(void* out, const void* x, const v
             }
         }
     }
+    if (x2) {
+        #pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            #pragma unroll
+            for (int k = 0; k < 4; ++k) v[c][k] = round_t<T>(v[c][k] + e[c][k]);
+        }
+    }
     float s = 0.0f;
     #pragma unroll
     for (int c = 0; c < NC; ++c) {
