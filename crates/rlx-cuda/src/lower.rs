@@ -1575,9 +1575,9 @@ fn norm<A: Addr>(
         })
     });
     let gathered = nin.gathers.iter().any(Option::is_some);
-    // The variant that reads gathers (`_g`): the plain one compiles
-    // without that code.
-    let warp_kernel = warp_kernel.map(|name| match gathered {
+    // The variant that reads an absorbed Add or gathers (`_g`): the plain
+    // one compiles without that code.
+    let warp_kernel = warp_kernel.map(|name| match gathered || add.is_some() {
         false => Some(name),
         true => crate::mixed::KERNELS
             .iter()
