@@ -95,9 +95,9 @@ fn plan_cuda(g: &rlx::ir::Graph, a: &PlanArgs) -> Result<Planned, String> {
                 a.precision, p.half_tensors, p.transposed_weights, p.folded_narrows
             ),
             format!(
-                "cuda fusion: {} elementwise chains ({} ops) become one generated kernel each; {} quantized GEMVs absorb {} norm / SwiGLU / Add ops; {} ropes do {} cache writes; {} reductions absorb their Binary; {} mean poolings run as one kernel; {} LayerNorms compute their matmul; {} norms absorb their Add",
+                "cuda fusion: {} elementwise chains ({} ops) become one generated kernel each; {} quantized GEMVs absorb {} norm / SwiGLU / Add ops; {} ropes do {} cache writes; {} reductions absorb their Binary; {} mean poolings run as one kernel; {} LayerNorms compute their matmul; {} norms absorb their Add; {} gathers are read by their norm",
                 p.fused_chains, p.fused_nodes, p.fused_gemvs, p.gemv_absorbed, p.fused_ropes, p.rope_writes,
-                p.fused_reduces, p.fused_pools, p.fused_gemm_norms, p.fused_norm_adds
+                p.fused_reduces, p.fused_pools, p.fused_gemm_norms, p.fused_norm_adds, p.fused_norm_gathers
             ),
         ],
         extra: json!({"half_tensors": p.half_tensors, "transposed_weights": p.transposed_weights,
@@ -105,7 +105,7 @@ fn plan_cuda(g: &rlx::ir::Graph, a: &PlanArgs) -> Result<Planned, String> {
             "fused_nodes": p.fused_nodes, "fused_gemvs": p.fused_gemvs,
             "gemv_absorbed": p.gemv_absorbed, "fused_ropes": p.fused_ropes,
             "rope_writes": p.rope_writes, "fused_reduces": p.fused_reduces, "fused_pools": p.fused_pools,
-            "fused_gemm_norms": p.fused_gemm_norms, "fused_norm_adds": p.fused_norm_adds}),
+            "fused_gemm_norms": p.fused_gemm_norms, "fused_norm_adds": p.fused_norm_adds, "fused_norm_gathers": p.fused_norm_gathers}),
         report: p.report,
         memory: p.memory,
     })

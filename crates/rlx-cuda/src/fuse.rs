@@ -53,8 +53,9 @@ pub(crate) enum Fusion {
     Reduce(Arc<crate::fuse_reduce::ReducePrologue>),
     /// A `FusedResidualLN` that computes the matmul it reads.
     GemmNorm(Arc<crate::fuse_norm::GemmNorm>),
-    /// A norm that computes the `Add` making its input.
-    NormAdd(Arc<crate::fuse_norm::NormAdd>),
+    /// A norm that computes the `Add` making its input and / or reads the
+    /// `Gather`s making its operands from their tables.
+    NormFeed(Arc<crate::fuse_norm::NormFeed>),
     /// Done by an earlier node's launch (a `RopeCache`'s writes): no
     /// launch, but its place in the schedule stays.
     Done,
@@ -153,7 +154,7 @@ pub(crate) fn find_fusions(
         m.extend(crate::fuse_norm::find_gemm_norms(g, &claimed, &store));
     }
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
-    m.extend(crate::fuse_norm::find_norm_adds(g, &claimed, &store));
+    m.extend(crate::fuse_norm::find_norm_feeds(g, &claimed, &store));
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
     m.extend(find_chains(g, &claimed));
     let ropes = crate::fuse_cache::find_rope_cache(g, &m, &store);
@@ -193,7 +194,7 @@ pub(crate) fn fused_ticks(g: &Graph, fusions: &HashMap<NodeId, Fusion>) -> Vec<T
             Some(Fusion::Reduce(f)) => Some(group(&f.nodes)),
             Some(Fusion::Pool(f)) => Some(group(&f.nodes)),
             Some(Fusion::GemmNorm(f)) => Some(group(&f.nodes)),
-            Some(Fusion::NormAdd(f)) => Some(group(&f.nodes)),
+            Some(Fusion::NormFeed(f)) => Some(group(&f.nodes)),
         })
         .collect()
 }

@@ -193,7 +193,7 @@ mod tests {
                 Some(Fusion::RopeCache(_) | Fusion::Done) => "rope",
                 Some(Fusion::Reduce(_)) => "reduce",
                 Some(Fusion::GemmNorm(_)) => "gemm-norm",
-                Some(Fusion::NormAdd(_)) => "norm-add",
+                Some(Fusion::NormFeed(_)) => "norm-feed",
                 Some(Fusion::Pool(_)) => "pool",
             })
             .collect()

@@ -11,8 +11,10 @@
 //!
 //! A norm (LayerNorm, RMSNorm, with or without a residual) whose `x` is an
 //! `Add` with no other user also reads the Add's two operands itself
-//! ([`find_norm_adds`]): the second may repeat as a trailing block (a
-//! BERT embedding sum, word + position, before its LayerNorm).
+//! ([`find_norm_feeds`]): the second may repeat as a trailing block (a
+//! BERT embedding sum, word + position, before its LayerNorm). Embedding
+//! `Gather`s making its `x` (or that Add's full operand) or its residual
+//! are read in place too: rows straight from the tables.
 //!
 //! Opt-in (`CudaOptions::fuse_matmul_norm`): on the H200 the kernel is
 //! correct but slower than cuBLASLt and the norm kernel (MiniLM 1x128
@@ -106,22 +108,94 @@ pub(crate) fn find_gemm_norms(
     out
 }
 
-/// A norm that computes the `Add` making its input.
+/// A norm that reads its input's producers itself: the `Add` making its
+/// `x` and / or the `Gather`s making its `x` (or that Add's full operand)
+/// and its residual.
 #[derive(Debug)]
-pub(crate) struct NormAdd {
-    /// The absorbed Add's operand of the norm input's full shape.
-    pub full: NodeId,
-    /// Its other operand (a trailing block of that shape, repeated).
-    pub other: NodeId,
-    /// `[add, norm]`: the group's nodes, the root last.
+pub(crate) struct NormFeed {
+    /// The absorbed Add, if any.
+    pub add: Option<AddFeed>,
+    /// Gathers whose rows the norm reads from their tables: for `x` (or
+    /// the Add's full operand) and for the residual.
+    pub gathers: [Option<NodeId>; 2],
+    /// The group's nodes in topological order, the norm (root) last.
     pub nodes: Vec<NodeId>,
 }
 
-/// The norm-add groups of a segment's sub-graph, skipping nodes in
-/// `claimed`: the norm maps to [`Fusion::NormAdd`], its Add to
-/// [`Fusion::Interior`]. The full operand has the Add's storage; the
-/// repeated one may have any.
-pub(crate) fn find_norm_adds(
+/// The operands of an Add absorbed by a norm.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AddFeed {
+    /// The operand of the norm input's full shape.
+    pub full: NodeId,
+    /// The other operand (a trailing block of that shape, repeated).
+    pub other: NodeId,
+}
+
+/// The Add a norm can absorb: its `x` is an Add of f32 values with no
+/// other user, one operand of the full shape in the Add's storage and the
+/// other a trailing block; neither read through a folded Narrow.
+fn absorbed_add(
+    g: &Graph,
+    ln: &rlx_ir::Node,
+    claimed: &HashSet<NodeId>,
+    outputs: &HashSet<NodeId>,
+    store: &impl Fn(NodeId) -> Store,
+) -> Option<(NodeId, AddFeed)> {
+    let add = g.node(ln.inputs[0]);
+    if add.op != Op::Binary(BinaryOp::Add)
+        || claimed.contains(&add.id)
+        || outputs.contains(&add.id)
+        || g.users(add.id).len() != 1
+        || ln.inputs[1..].contains(&add.id)
+        || add.shape.dtype != DType::F32
+    {
+        return None;
+    }
+    let dims = &add.shape.dims;
+    let (p, q) = (g.node(add.inputs[0]), g.node(add.inputs[1]));
+    // The trailing-block operand: its dims (leading 1s dropped) end the
+    // Add's dims.
+    let block = |n: &rlx_ir::Node| {
+        let d: Vec<usize> = n
+            .shape
+            .dims
+            .iter()
+            .copied()
+            .skip_while(|&x| x == 1)
+            .collect();
+        n.shape.numel() > 0 && dims.ends_with(&d)
+    };
+    let (full, other) = if &p.shape.dims == dims && block(q) {
+        (p, q)
+    } else if &q.shape.dims == dims && block(p) {
+        (q, p)
+    } else {
+        return None;
+    };
+    let fits = store(full.id).dt == store(add.id).dt
+        && [full.id, other.id]
+            .iter()
+            .all(|&i| !store(i).folded && g.node(i).shape.dtype == DType::F32);
+    fits.then_some((
+        add.id,
+        AddFeed {
+            full: full.id,
+            other: other.id,
+        },
+    ))
+}
+
+/// The norm-feed groups of a segment's sub-graph, skipping nodes in
+/// `claimed`: the norm maps to [`Fusion::NormFeed`], the absorbed Add and
+/// Gathers to [`Fusion::Interior`]. An Add may feed any norm. Gathers
+/// (axis 0 of a `[V, d]` f32 table by one id per row, no other user, not
+/// an output, stored as the norm) feed only norms the one-warp-per-row
+/// kernel runs: `d % 4 == 0`, `d <= 1024`, x, residual and output in one
+/// storage type, the norm's parameters all f32 or all that type, an
+/// absorbed Add's repeated operand a multiple of 4 values. A BERT
+/// embedding (word and token-type rows, position rows added, LayerNorm)
+/// becomes one launch.
+pub(crate) fn find_norm_feeds(
     g: &Graph,
     claimed: &HashSet<NodeId>,
     store: impl Fn(NodeId) -> Store,
@@ -129,60 +203,72 @@ pub(crate) fn find_norm_adds(
     let outputs: HashSet<NodeId> = g.outputs.iter().copied().collect();
     let mut out = HashMap::new();
     for ln in g.nodes() {
-        let is_norm = matches!(
+        let residual = matches!(
             ln.op,
-            Op::LayerNorm { .. }
-                | Op::RmsNorm { .. }
-                | Op::FusedResidualLN { .. }
-                | Op::FusedResidualRmsNorm { .. }
+            Op::FusedResidualLN { .. } | Op::FusedResidualRmsNorm { .. }
         );
+        let is_norm = residual || matches!(ln.op, Op::LayerNorm { .. } | Op::RmsNorm { .. });
         if !is_norm || claimed.contains(&ln.id) {
             continue;
         }
-        let add = g.node(ln.inputs[0]);
-        if add.op != Op::Binary(BinaryOp::Add)
-            || claimed.contains(&add.id)
-            || outputs.contains(&add.id)
-            || g.users(add.id).len() != 1
-            || ln.inputs[1..].contains(&add.id)
-            || add.shape.dtype != DType::F32
-        {
-            continue;
-        }
-        let dims = &add.shape.dims;
-        let (p, q) = (g.node(add.inputs[0]), g.node(add.inputs[1]));
-        // The trailing-block operand: its dims (leading 1s dropped) end
-        // the Add's dims.
-        let block = |n: &rlx_ir::Node| {
-            let d: Vec<usize> = n
-                .shape
-                .dims
+        let add = absorbed_add(g, ln, claimed, &outputs, &store);
+        let t = store(ln.id).dt;
+        let d = ln.shape.last_dim();
+        let rows = ln.shape.numel() / d.max(1);
+        let first_param = if residual { 2 } else { 1 };
+        let p = ln.inputs.get(first_param).map(|&i| store(i).dt);
+        let x_src = add.map_or(ln.inputs[0], |(_, a)| a.full);
+        let warp = d > 0
+            && d.is_multiple_of(4)
+            && d <= 1024
+            && store(x_src).dt == t
+            && (!residual || store(ln.inputs[1]).dt == t)
+            && p.is_some_and(|p| p == Dt::F32 || p == t)
+            && ln.inputs[first_param..]
                 .iter()
-                .copied()
-                .skip_while(|&x| x == 1)
-                .collect();
-            n.shape.numel() > 0 && dims.ends_with(&d)
-        };
-        let (full, other) = if &p.shape.dims == dims && block(q) {
-            (p, q)
-        } else if &q.shape.dims == dims && block(p) {
-            (q, p)
-        } else {
-            continue;
-        };
-        let fits = store(full.id).dt == store(add.id).dt
-            && [full.id, other.id]
-                .iter()
-                .all(|&i| !store(i).folded && g.node(i).shape.dtype == DType::F32);
-        if fits {
-            out.insert(add.id, Fusion::Interior);
-            let f = NormAdd {
-                full: full.id,
-                other: other.id,
-                nodes: vec![add.id, ln.id],
+                .all(|&i| Some(store(i).dt) == p)
+            && add.is_none_or(|(_, a)| g.node(a.other).shape.numel().is_multiple_of(4));
+        let gathered = |id: NodeId| -> Option<NodeId> {
+            let n = g.node(id);
+            let Op::Gather { axis: 0 } = n.op else {
+                return None;
             };
-            out.insert(ln.id, Fusion::NormAdd(Arc::new(f)));
+            let (table, ids) = (g.node(n.inputs[0]), g.node(n.inputs[1]));
+            let fits = warp
+                && !claimed.contains(&id)
+                && !outputs.contains(&id)
+                && g.users(id).len() == 1
+                && n.shape.dims == ln.shape.dims
+                && store(id).dt == t
+                && table.shape.dtype == DType::F32
+                && table.shape.dims.len() == 2
+                && table.shape.dims[1] == d
+                && ids.shape.dtype.is_index()
+                && ids.shape.numel() == rows
+                && !store(table.id).folded
+                && !store(ids.id).folded;
+            fits.then_some(id)
+        };
+        let gathers = [
+            gathered(x_src),
+            residual.then(|| gathered(ln.inputs[1])).flatten(),
+        ];
+        if add.is_none() && gathers == [None, None] {
+            continue;
         }
+        let mut nodes: Vec<NodeId> = gathers.iter().flatten().copied().collect();
+        nodes.extend(add.map(|(id, _)| id));
+        nodes.sort();
+        for &i in &nodes {
+            out.insert(i, Fusion::Interior);
+        }
+        nodes.push(ln.id);
+        let f = NormFeed {
+            add: add.map(|(_, a)| a),
+            gathers,
+            nodes,
+        };
+        out.insert(ln.id, Fusion::NormFeed(Arc::new(f)));
     }
     out
 }
@@ -261,12 +347,14 @@ mod tests {
         let add3 = g.push(Op::Binary(BinaryOp::Add), vec![w, mid]).unwrap();
         let ln3 = g.push(op, vec![add3, gm, bt]).unwrap();
         g.set_outputs(vec![ln, ln2, add2, ln3]);
-        let m = find_norm_adds(&g, &HashSet::new(), |_| Store::default());
+        let m = find_norm_feeds(&g, &HashSet::new(), |_| Store::default());
         assert!(matches!(m.get(&add), Some(Fusion::Interior)));
-        let Some(Fusion::NormAdd(f)) = m.get(&ln) else {
+        let Some(Fusion::NormFeed(f)) = m.get(&ln) else {
             panic!("not fused: {m:?}");
         };
-        assert_eq!((f.full, f.other, f.nodes.clone()), (w, p, vec![add, ln]));
+        let a = f.add.expect("the Add is absorbed");
+        assert_eq!((a.full, a.other, f.nodes.clone()), (w, p, vec![add, ln]));
+        assert_eq!(f.gathers, [None, None]);
         assert_eq!(m.len(), 2, "{m:?}");
         // The full operand must have the Add's storage; the repeated one
         // may differ.
@@ -274,12 +362,83 @@ mod tests {
             dt: if i == w { Dt::Bf16 } else { Dt::F32 },
             ..Store::default()
         };
-        assert!(!find_norm_adds(&g, &HashSet::new(), mixed).contains_key(&ln));
+        assert!(!find_norm_feeds(&g, &HashSet::new(), mixed).contains_key(&ln));
         let mixed = |i: NodeId| Store {
             dt: if i == p { Dt::F32 } else { Dt::Bf16 },
             ..Store::default()
         };
-        assert!(find_norm_adds(&g, &HashSet::new(), mixed).contains_key(&ln));
+        assert!(find_norm_feeds(&g, &HashSet::new(), mixed).contains_key(&ln));
+    }
+
+    #[test]
+    fn embedding_gathers_are_read_by_their_norm() {
+        // LayerNorm(word[ids] + pos, residual type[tt]) over rows of d.
+        let graph = |d: usize, shared: bool| {
+            let mut g = Graph::new("emb");
+            let word = g.param("word", Shape::f32(&[50, d]));
+            let types = g.param("types", Shape::f32(&[2, d]));
+            let pos = g.param("pos", Shape::f32(&[8, d]));
+            let gm = g.param("g", Shape::f32(&[d]));
+            let bt = g.param("b", Shape::f32(&[d]));
+            let ids = g.input("ids", Shape::new(&[2, 8], DType::I64));
+            let tt = g.input("tt", Shape::new(&[2, 8], DType::I32));
+            let w = g.push(Op::Gather { axis: 0 }, vec![word, ids]).unwrap();
+            let t = g.push(Op::Gather { axis: 0 }, vec![types, tt]).unwrap();
+            let add = g.push(Op::Binary(BinaryOp::Add), vec![w, pos]).unwrap();
+            let op = Op::FusedResidualLN {
+                has_bias: false,
+                eps: 1e-12,
+            };
+            let ln = g.push(op, vec![add, t, gm, bt]).unwrap();
+            let mut outs = vec![ln];
+            if shared {
+                // The token-type rows are read by a second op too.
+                outs.push(g.push(Op::Binary(BinaryOp::Mul), vec![t, t]).unwrap());
+            }
+            g.set_outputs(outs);
+            (g, [w, t, add, ln])
+        };
+        let half = |_| Store {
+            dt: Dt::Bf16,
+            ..Store::default()
+        };
+        let (g, [w, t, add, ln]) = graph(384, false);
+        let m = find_norm_feeds(&g, &HashSet::new(), half);
+        let Some(Fusion::NormFeed(f)) = m.get(&ln) else {
+            panic!("not fused: {m:?}");
+        };
+        assert_eq!(f.gathers, [Some(w), Some(t)]);
+        assert_eq!(f.nodes, vec![w, t, add, ln]);
+        assert!([w, t, add]
+            .iter()
+            .all(|i| matches!(m.get(i), Some(Fusion::Interior))));
+        // A width the one-warp kernel does not take, and a shared gather.
+        let (g, [_, _, add, ln]) = graph(30, false);
+        let m = find_norm_feeds(&g, &HashSet::new(), half);
+        let Some(Fusion::NormFeed(f)) = m.get(&ln) else {
+            panic!("not fused: {m:?}");
+        };
+        assert_eq!((f.gathers, f.nodes.clone()), ([None, None], vec![add, ln]));
+        let (g, [w, _, add, ln]) = graph(384, true);
+        let m = find_norm_feeds(&g, &HashSet::new(), half);
+        let Some(Fusion::NormFeed(f)) = m.get(&ln) else {
+            panic!("not fused: {m:?}");
+        };
+        assert_eq!(
+            (f.gathers, f.nodes.clone()),
+            ([Some(w), None], vec![w, add, ln])
+        );
+        // The norm's output in f32 and its operands in bf16: no gathers.
+        let (g, [_, _, add, ln]) = graph(384, false);
+        let mixed = move |i: NodeId| Store {
+            dt: if i == ln { Dt::F32 } else { Dt::Bf16 },
+            ..Store::default()
+        };
+        let m = find_norm_feeds(&g, &HashSet::new(), mixed);
+        let Some(Fusion::NormFeed(f)) = m.get(&ln) else {
+            panic!("not fused: {m:?}");
+        };
+        assert_eq!((f.gathers, f.nodes.clone()), ([None, None], vec![add, ln]));
     }
 
     #[test]

@@ -406,8 +406,8 @@ pub(crate) fn lower(
         Fusion::Reduce(f) => return reduce(&mut cx, Some(&f)),
         Fusion::Pool(f) => return pool(&cx, &f),
         Fusion::GemmNorm(f) => return gemm_norm(&mut cx, &f),
-        // The norm's own lowering reads its absorbed Add (`norm_x`).
-        Fusion::NormAdd(_) => {}
+        // The norm's own lowering reads its absorbed Add and gathers (`norm_in`).
+        Fusion::NormFeed(_) => {}
         Fusion::Done => return Ok(vec![]),
         Fusion::Root(c) => {
             let n = out_shape.numel();
@@ -615,16 +615,16 @@ pub(crate) fn lower(
             }
             let gamma = cx.input(1)?;
             let beta = if rms { 0 } else { cx.input(2)? };
-            let (x, add, tx) = norm_x(&cx)?;
+            let nin = norm_in(&cx)?;
             let types = [
                 cx.dt_out(),
-                tx,
+                nin.tx,
                 Dt::F32,
                 Dt::F32,
                 cx.dt_in(1),
                 if rms { Dt::F32 } else { cx.dt_in(2) },
             ];
-            norm(&cx, x, 0, 0, gamma, beta, *eps, rms, types, add)
+            norm(&cx, &nin, 0, 0, gamma, beta, *eps, rms, types)
         }
         Op::FusedResidualLN { has_bias, eps } | Op::FusedResidualRmsNorm { has_bias, eps } => {
             let rms = matches!(node.op, Op::FusedResidualRmsNorm { .. });
@@ -647,27 +647,20 @@ pub(crate) fn lower(
                     cx.shape(0)
                 ));
             }
-            let (x, add, tx) = norm_x(&cx)?;
+            let nin = norm_in(&cx)?;
+            let res = match nin.gathers[1] {
+                Some(g) => g.table,
+                None => cx.input(1)?,
+            };
             let types = [
                 cx.dt_out(),
-                tx,
+                nin.tx,
                 cx.dt_in(1),
                 if *has_bias { cx.dt_in(2) } else { Dt::F32 },
                 cx.dt_in(i),
                 if rms { Dt::F32 } else { cx.dt_in(i + 1) },
             ];
-            norm(
-                &cx,
-                x,
-                cx.input(1)?,
-                bias,
-                gamma,
-                beta,
-                *eps,
-                rms,
-                types,
-                add,
-            )
+            norm(&cx, &nin, res, bias, gamma, beta, *eps, rms, types)
         }
         Op::Reshape { .. } => same_or_copy(&cx, 0, n * esz),
         Op::Cast { to } => {
@@ -1535,18 +1528,22 @@ fn gemm_norm<A: Addr>(
         act: act_code(None),
     })];
     let types = [t, t, t, cx.dt_in(2), cx.dt_in(gi), cx.dt_in(gi + 1)];
-    let (x_in, res_in) = (out, pr);
+    let x_in = NormIn {
+        x: out,
+        tx: t,
+        add: None,
+        gathers: [None, None],
+    };
     v.extend(norm(
         cx,
-        x_in,
-        res_in,
+        &x_in,
+        pr,
         opt(ln_bias)?,
         at(gamma)?,
         at(beta)?,
         eps,
         false,
         types,
-        None,
     )?);
     Ok(v)
 }
@@ -1554,7 +1551,7 @@ fn gemm_norm<A: Addr>(
 #[allow(clippy::too_many_arguments)]
 fn norm<A: Addr>(
     cx: &Cx<'_, A>,
-    x: u64,
+    nin: &NormIn,
     res: u64,
     bias: u64,
     gamma: u64,
@@ -1562,7 +1559,6 @@ fn norm<A: Addr>(
     eps: f32,
     rms: bool,
     types: [Dt; 6],
-    add: Option<NormAdd>,
 ) -> Result<Vec<Launch>, String> {
     let s = cx.shape(0);
     let d = s.last_dim();
@@ -1572,11 +1568,30 @@ fn norm<A: Addr>(
     let rows = s.numel() / d;
     let warps = d.div_ceil(128).clamp(1, 32);
     let out = cx.out()?;
+    let (x, add) = (nin.x, nin.add);
     let warp_kernel = norm_warp_kernel(d, [x, res, bias, gamma, beta, out], types).filter(|_| {
         add.is_none_or(|a| {
             a.numel.is_multiple_of(4) && a.ptr.is_multiple_of(4 * a.dt.size() as u64)
         })
     });
+    let gathered = nin.gathers.iter().any(Option::is_some);
+    // The variant that reads an absorbed Add or gathers (`_g`): the plain
+    // one compiles without that code.
+    let warp_kernel = warp_kernel.map(|name| match gathered || add.is_some() {
+        false => Some(name),
+        true => crate::mixed::KERNELS
+            .iter()
+            .copied()
+            .find(|k| k.strip_suffix("_g") == Some(name)),
+    });
+    let warp_kernel = warp_kernel.flatten();
+    if gathered && warp_kernel.is_none() {
+        // fuse_norm only lets gathers feed norms this kernel runs; an
+        // unaligned address is the one way here.
+        return Err(format!(
+            "rows of {d} values: a norm reading its gathers needs the one-warp kernel (4-element aligned operands)"
+        ));
+    }
     let mut launches = vec![];
     let x = match add {
         Some(a) if warp_kernel.is_none() => {
@@ -1620,6 +1635,18 @@ fn norm<A: Addr>(
         args.push(Arg::P(add.map_or(0, |a| a.ptr)));
         args.push(Arg::L(add.map_or(1, |a| a.numel) as i64));
         args.push(Arg::I(add.map_or(0, |a| a.dt.code())));
+        let [gx, gr] = nin.gathers;
+        args.push(Arg::P(gx.map_or(0, |g| g.ids)));
+        args.push(Arg::P(gr.map_or(0, |g| g.ids)));
+        args.push(Arg::L(gx.map_or(0, |g| g.vocab) as i64));
+        args.push(Arg::L(gr.map_or(0, |g| g.vocab) as i64));
+        args.push(Arg::I(gx.is_some_and(|g| g.ids64) as i32));
+        args.push(Arg::I(gr.is_some_and(|g| g.ids64) as i32));
+        args.push(Arg::I(gx.map_or(0, |g| g.table_dt.code())));
+        args.push(Arg::I(gr.map_or(0, |g| g.table_dt.code())));
+        args.push(Arg::Status);
+        args.push(Arg::I(gx.map_or(0, |g| g.node.0 as i32)));
+        args.push(Arg::I(gr.map_or(0, |g| g.node.0 as i32)));
         return Ok(vec![Launch::Kernel {
             name,
             grid: [rows.div_ceil(warps) as u32, 1, 1],
@@ -1650,23 +1677,79 @@ struct NormAdd {
     dt: Dt,
 }
 
-/// The norm's `x` (input 0) and, when the norm absorbed the Add making
-/// it, that Add's second operand.
-fn norm_x<A: Addr>(cx: &Cx<'_, A>) -> Result<(u64, Option<NormAdd>, Dt), String> {
-    let Fusion::NormAdd(f) = cx.addr.fusion(cx.node.id) else {
-        return Ok((cx.input(0)?, None, cx.dt_in(0)));
+/// A Gather a norm reads in place (see [`crate::fuse_norm`]): the table's
+/// address, rows and storage, the ids' address and width, and the
+/// Gather's node (named by an out-of-range id).
+#[derive(Debug, Clone, Copy)]
+struct NormGather {
+    table: u64,
+    vocab: usize,
+    table_dt: Dt,
+    ids: u64,
+    ids64: bool,
+    node: NodeId,
+}
+
+/// What a norm reads for its `x` (input 0): the address and storage of the
+/// values, the Add it absorbed (its second operand), and the Gathers it
+/// reads from their tables (for `x` or the Add's full operand, and for the
+/// residual; a gathered operand's address is its table).
+struct NormIn {
+    x: u64,
+    tx: Dt,
+    add: Option<NormAdd>,
+    gathers: [Option<NormGather>; 2],
+}
+
+fn norm_in<A: Addr>(cx: &Cx<'_, A>) -> Result<NormIn, String> {
+    let Fusion::NormFeed(f) = cx.addr.fusion(cx.node.id) else {
+        return Ok(NormIn {
+            x: cx.input(0)?,
+            tx: cx.dt_in(0),
+            add: None,
+            gathers: [None, None],
+        });
     };
     let at = |id: NodeId| {
         cx.addr
             .addr(id)
-            .ok_or_else(|| format!("norm-add input (node {id}) has no device address"))
+            .ok_or_else(|| format!("norm input (node {id}) has no device address"))
     };
-    let add = NormAdd {
-        ptr: at(f.other)?,
-        numel: cx.graph.node(f.other).shape.numel(),
-        dt: cx.addr.store(f.other).dt,
+    let gather = |id: Option<NodeId>| -> Result<Option<NormGather>, String> {
+        let Some(id) = id else { return Ok(None) };
+        let n = cx.graph.node(id);
+        let (table, ids) = (n.inputs[0], n.inputs[1]);
+        Ok(Some(NormGather {
+            table: at(table)?,
+            vocab: cx.graph.node(table).shape.dims[0],
+            table_dt: cx.addr.store(table).dt,
+            ids: at(ids)?,
+            ids64: cx.graph.node(ids).shape.dtype == DType::I64,
+            node: cx.addr.graph_id(id),
+        }))
     };
-    Ok((at(f.full)?, Some(add), cx.addr.store(f.full).dt))
+    let gathers = [gather(f.gathers[0])?, gather(f.gathers[1])?];
+    let (full, add) = match f.add {
+        Some(a) => {
+            let add = NormAdd {
+                ptr: at(a.other)?,
+                numel: cx.graph.node(a.other).shape.numel(),
+                dt: cx.addr.store(a.other).dt,
+            };
+            (a.full, Some(add))
+        }
+        None => (cx.node.inputs[0], None),
+    };
+    let x = match gathers[0] {
+        Some(g) => g.table,
+        None => at(full)?,
+    };
+    Ok(NormIn {
+        x,
+        tx: cx.addr.store(full).dt,
+        add,
+        gathers,
+    })
 }
 
 /// The one-warp-per-row norm kernel for rows of `d` values, when x, the

@@ -1032,3 +1032,114 @@ fn half_gathers_match_the_cpu_and_reject_bad_ids() {
     }
     println!("16-bit gathers match the CPU backend and reject out-of-range ids");
 }
+
+#[test]
+fn an_embedding_norm_reads_its_gathers_and_rejects_bad_ids() {
+    use rlx::ir::{DType, Shape};
+    // -LayerNorm(word[ids] + pos, residual type[tt]): in hybrid the norm
+    // reads both tables itself (i64 and i32 ids); a width that is not a
+    // multiple of 4 keeps its gathers.
+    let graph = |vocab: usize, d: usize| {
+        let mut g = Graph::new(format!("embedding_{vocab}x{d}"));
+        let word = g.param("word", Shape::f32(&[vocab, d]));
+        let types = g.param("types", Shape::f32(&[2, d]));
+        let pos = g.param("pos", Shape::f32(&[5, d]));
+        let gamma = g.param("g", Shape::f32(&[d]));
+        let beta = g.param("b", Shape::f32(&[d]));
+        let ids = g.input("ids", Shape::new(&[2, 5], DType::I64));
+        let tt = g.input("tt", Shape::new(&[2, 5], DType::I32));
+        let w = g.push(Op::Gather { axis: 0 }, vec![word, ids]).unwrap();
+        let t = g.push(Op::Gather { axis: 0 }, vec![types, tt]).unwrap();
+        let add = rlx::ir::op::BinaryOp::Add;
+        let e = g.push(Op::Binary(add), vec![w, pos]).unwrap();
+        let op = Op::FusedResidualLN {
+            has_bias: false,
+            eps: 1e-12,
+        };
+        let y = g.push(op, vec![e, t, gamma, beta]).unwrap();
+        // An op after the norm keeps its output inside the segment (16-bit
+        // in a half precision, as in a model).
+        let neg = Op::Activation(rlx::ir::op::Activation::Neg);
+        let y = g.push(neg, vec![y]).unwrap();
+        g.set_outputs(vec![y]);
+        g
+    };
+    for (vocab, d, fused) in [(50, 384, 2), (50, 768, 2), (40, 30, 0)] {
+        let g = graph(vocab, d);
+        for precision in [Precision::F32, Precision::Bf16] {
+            let opts = CudaOptions {
+                hybrid: true,
+                precision,
+                ..CudaOptions::default()
+            };
+            let plan = rlx::cuda::plan(g.clone(), &opts).unwrap();
+            let got = (plan.fused_norm_gathers, plan.fused_norm_adds);
+            assert_eq!(got, (fused, 1), "{} {precision}: {plan:?}", g.name);
+        }
+    }
+    if !cuda_or_skip() {
+        return;
+    }
+    fn inputs<'a>(ids: &'a [i64], tt: &'a [i32]) -> [(&'static str, TensorRef<'a>); 2] {
+        [("ids", TensorRef::I64(ids)), ("tt", TensorRef::I32(tt))]
+    }
+    for (vocab, d) in [(50, 384), (50, 768), (40, 30)] {
+        let g = graph(vocab, d);
+        let grid = |n: usize, k: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * k + 3) % 61) as f32 / 40.0 - 0.7)
+                .collect()
+        };
+        let params = [
+            ("word", grid(vocab * d, 37)),
+            ("types", grid(2 * d, 11)),
+            ("pos", grid(5 * d, 7)),
+            ("g", grid(d, 5)),
+            ("b", grid(d, 3)),
+        ];
+        let ids = [3i64, 0, vocab as i64 - 1, 7, 7, 1, 2, 39, 5, 0];
+        let tt = [0i32, 1, 1, 0, 0, 1, 0, 1, 1, 0];
+        let mut cpu = Session::new(Device::Cpu).compile(g.clone()).unwrap();
+        for (name, v) in &params {
+            cpu.set_param(name, v).unwrap();
+        }
+        let want = cpu.run_typed(&inputs(&ids, &tt)).unwrap();
+        let want = want[0].as_f32().unwrap();
+        for (precision, tol) in [
+            (Precision::F32, 1e-5f32),
+            (Precision::Bf16, 3e-2),
+            (Precision::F16, 4e-3),
+        ] {
+            for mode in [ExecMode::Thunks, ExecMode::Hybrid] {
+                let what = format!("{} {precision} {mode:?}", g.name);
+                let session = Session::new(Device::Cuda(0))
+                    .mode(mode)
+                    .precision(precision);
+                let mut m = session.compile(g.clone()).unwrap();
+                for (name, v) in &params {
+                    m.set_param(name, v).unwrap();
+                }
+                let got = m.run_typed(&inputs(&ids, &tt)).unwrap();
+                assert_close(got[0].as_f32().unwrap(), want, tol, &what);
+                let mut bad_ids = ids;
+                bad_ids[4] = vocab as i64;
+                let mut bad_tt = tt;
+                bad_tt[9] = -1;
+                for (ids, tt) in [(&bad_ids, &tt), (&ids, &bad_tt)] {
+                    let err = m.run_typed(&inputs(ids, tt)).unwrap_err().to_string();
+                    assert!(
+                        err.contains("Gather") && err.contains("out of range"),
+                        "{what}: {err}"
+                    );
+                }
+                let again = m.run_typed(&inputs(&ids, &tt)).unwrap();
+                assert_eq!(
+                    again[0].as_f32().unwrap(),
+                    got[0].as_f32().unwrap(),
+                    "{what}"
+                );
+            }
+        }
+    }
+    println!("embedding norms read their gathers, match the CPU backend and reject bad ids");
+}

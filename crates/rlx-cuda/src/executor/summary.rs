@@ -48,6 +48,9 @@ pub struct CudaPlan {
     pub fused_gemm_norms: usize,
     /// Norms that compute the `Add` making their input.
     pub fused_norm_adds: usize,
+    /// Embedding `Gather`s whose rows a norm reads from the table (never
+    /// materialized).
+    pub fused_norm_gathers: usize,
 }
 
 /// Plan `graph` for CUDA as [`CudaModel::compile`](super::CudaModel::compile)
@@ -67,6 +70,7 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
     let (mut fused_gemvs, mut gemv_absorbed) = (0, 0);
     let (mut fused_ropes, mut rope_writes, mut fused_reduces) = (0, 0, 0);
     let (mut fused_gemm_norms, mut fused_norm_adds, mut fused_pools) = (0, 0, 0);
+    let mut fused_norm_gathers = 0;
     for c in core.chains.iter().flat_map(|m| m.values()) {
         match c {
             crate::fuse::Fusion::Root(ch) => {
@@ -84,7 +88,10 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
             crate::fuse::Fusion::Reduce(_) => fused_reduces += 1,
             crate::fuse::Fusion::Pool(_) => fused_pools += 1,
             crate::fuse::Fusion::GemmNorm(_) => fused_gemm_norms += 1,
-            crate::fuse::Fusion::NormAdd(_) => fused_norm_adds += 1,
+            crate::fuse::Fusion::NormFeed(f) => {
+                fused_norm_adds += f.add.is_some() as usize;
+                fused_norm_gathers += f.gathers.iter().flatten().count();
+            }
             _ => {}
         }
     }
@@ -108,5 +115,6 @@ pub fn plan(graph: Graph, opts: &CudaOptions) -> Result<CudaPlan, RuntimeError> 
         fused_pools,
         fused_gemm_norms,
         fused_norm_adds,
+        fused_norm_gathers,
     })
 }
