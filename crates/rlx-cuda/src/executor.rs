@@ -464,8 +464,13 @@ pub struct CudaModel {
     out_stage: Pinned,
     /// Byte offset of each graph output in `out_stage` (arena outputs only).
     out_offsets: Vec<Option<usize>>,
-    /// Byte offset of each input (by position in `inputs`) in `in_stage`.
-    in_offsets: Vec<usize>,
+    /// Byte offset of each input (by position in `inputs`) in `in_stage`,
+    /// for inputs that live in the arena.
+    in_offsets: Vec<Option<usize>>,
+    /// The arena bytes `[lo, hi)` that hold the inputs. `in_stage` mirrors
+    /// them, so one copy uploads every input: only inputs are live at tick
+    /// 0, so the gaps between their slots hold nothing to preserve.
+    in_span: (usize, usize),
     /// With `RLX_CUDA_PROFILE` set: per (op, work) synchronized time in ms and count.
     profile: Option<HashMap<String, (f64, usize)>>,
     /// The options it was compiled with (for [`CudaModel::set_graph`]).
@@ -550,15 +555,24 @@ impl CudaModel {
         let scratch = DeviceBuffer::new(&gpu.ctx, core.scratch_bytes).map_err(rt)?;
         let status = DeviceBuffer::new(&gpu.ctx, 4).map_err(rt)?;
         status.upload(&[0u8; 4]).map_err(rt)?;
-        let (in_offs, in_bytes) =
-            stage_offsets(inputs.iter().map(|(_, _, s)| Some(s.size_bytes())));
+        let in_place: Vec<Option<(usize, usize)>> = inputs
+            .iter()
+            .map(|(_, id, _)| core.mem.placements[id.index()].map(|p| (p.offset, p.bytes)))
+            .collect();
+        let lo = in_place.iter().flatten().map(|p| p.0).min().unwrap_or(0);
+        let hi = in_place
+            .iter()
+            .flatten()
+            .map(|p| p.0 + p.1)
+            .max()
+            .unwrap_or(0);
         let (out_offsets, out_bytes) = stage_offsets(core.graph.outputs.iter().map(|&o| {
             let n = core.graph.node(o);
             core.mem.placements[o.index()]
                 .map(|p| p.bytes)
                 .or_else(|| is_cache_write(n).then(|| n.shape.size_bytes()))
         }));
-        let in_stage = Pinned::new(&gpu.ctx, in_bytes).map_err(rt)?;
+        let in_stage = Pinned::new(&gpu.ctx, hi - lo).map_err(rt)?;
         let out_stage = Pinned::new(&gpu.ctx, out_bytes + 64).map_err(rt)?;
         Ok(CudaModel {
             core,
@@ -578,7 +592,8 @@ impl CudaModel {
             in_stage,
             out_stage,
             out_offsets,
-            in_offsets: in_offs.into_iter().map(|o| o.unwrap_or(0)).collect(),
+            in_offsets: in_place.iter().map(|p| p.map(|p| p.0 - lo)).collect(),
+            in_span: (lo, hi),
             profile: std::env::var_os("RLX_CUDA_PROFILE").map(|_| HashMap::new()),
             opts: opts.clone(),
             gpu,
@@ -1000,28 +1015,24 @@ impl CudaModel {
             self.build_exec()?;
         }
         let stream = self.gpu.stream.cu_stream();
-        // Bind inputs: host -> pinned staging -> arena slots.
+        // Bind inputs: host -> pinned staging (laid out as the arena's input
+        // slots) -> arena, one copy.
         {
             let stage = self.in_stage.as_mut_slice();
             for (pos, data) in bound.iter().enumerate() {
+                let Some(at) = self.in_offsets[pos] else {
+                    continue;
+                };
                 let b = data.as_ref().expect("checked above").as_bytes();
-                let at = self.in_offsets[pos];
                 stage[at..at + b.len()].copy_from_slice(b);
             }
         }
-        for (pos, (_, id, shape)) in self.inputs.iter().enumerate() {
-            let Some(p) = self.core.mem.placements[id.index()] else {
-                continue;
-            };
-            let at = self.in_offsets[pos];
-            let bytes = shape.size_bytes();
-            if bytes == 0 {
-                continue;
-            }
-            let src = &self.in_stage.as_slice()[at..at + bytes];
-            // SAFETY: the slot holds `bytes` bytes; `src` is pinned memory that
+        let (lo, hi) = self.in_span;
+        if hi > lo {
+            let src = &self.in_stage.as_slice()[..hi - lo];
+            // SAFETY: the arena holds `hi` bytes; `src` is pinned memory that
             // stays untouched until the stream is synchronized below.
-            unsafe { drv::memcpy_htod_async(self.arena.ptr + p.offset as u64, src, stream) }
+            unsafe { drv::memcpy_htod_async(self.arena.ptr + lo as u64, src, stream) }
                 .map_err(|e| rt(format!("cuda: input upload: {e:?}")))?;
         }
         let graph = &self.core.graph;

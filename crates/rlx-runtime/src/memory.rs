@@ -212,3 +212,44 @@ impl MemoryPlan {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlx_ir::op::{Activation, BinaryOp};
+    use rlx_ir::Shape;
+
+    // The CUDA backend uploads all inputs with one copy over the arena span
+    // of their slots; that is sound only because nothing but the inputs (and
+    // their views) is live at tick 0.
+    #[test]
+    fn only_inputs_are_live_at_tick_zero() {
+        let mut g = Graph::new("t");
+        let a = g.input("a", Shape::f32(&[3, 5]));
+        let w = g.param("w", Shape::f32(&[5, 7]));
+        let b = g.input("b", Shape::f32(&[3, 7]));
+        let c = g.input("c", Shape::f32(&[1]));
+        let m = g.push(Op::MatMul, vec![a, w]).unwrap();
+        let s = g.push(Op::Binary(BinaryOp::Add), vec![m, b]).unwrap();
+        let r = g.push(Op::Activation(Activation::Relu), vec![s]).unwrap();
+        let o = g.push(Op::Binary(BinaryOp::Mul), vec![r, c]).unwrap();
+        g.set_outputs(vec![o]);
+        let ticks: Vec<Tick> = [m, s, r, o].into_iter().map(Tick::Node).collect();
+        let plan = plan_memory(&g, &ticks, |_| None, |_| false);
+        plan.check_no_overlap().unwrap();
+        for node in g.nodes() {
+            let Some(p) = plan.placements[node.id.index()] else {
+                continue;
+            };
+            let (first, _) = plan.intervals[p.root.index()].unwrap();
+            let is_input = matches!(g.node(p.root).op, Op::Input { .. });
+            assert_eq!(first == 0, is_input, "{:?} starts at tick {first}", node.op);
+        }
+        // The three inputs are placed, each at a distinct slot.
+        let slots: Vec<usize> = [a, b, c]
+            .iter()
+            .map(|i| plan.placements[i.index()].unwrap().offset)
+            .collect();
+        assert!(slots[0] != slots[1] && slots[1] != slots[2] && slots[0] != slots[2]);
+    }
+}
