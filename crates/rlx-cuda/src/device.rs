@@ -448,6 +448,11 @@ impl Pinned {
         // SAFETY: as above.
         unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
     }
+
+    /// The buffer's address, for copies the device makes into it.
+    pub(crate) fn host_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
 }
 
 impl Drop for Pinned {

@@ -471,6 +471,10 @@ pub struct CudaModel {
     /// them, so one copy uploads every input: only inputs are live at tick
     /// 0, so the gaps between their slots hold nothing to preserve.
     in_span: (usize, usize),
+    /// Whether the input upload / the output and status downloads are nodes
+    /// of the first / last captured graph (the schedule starts / ends with a
+    /// compiled segment), so a run issues no separate copies for them.
+    copies_in_graph: (bool, bool),
     /// With `RLX_CUDA_PROFILE` set: per (op, work) synchronized time in ms and count.
     profile: Option<HashMap<String, (f64, usize)>>,
     /// The options it was compiled with (for [`CudaModel::set_graph`]).
@@ -594,6 +598,7 @@ impl CudaModel {
             out_offsets,
             in_offsets: in_place.iter().map(|p| p.map(|p| p.0 - lo)).collect(),
             in_span: (lo, hi),
+            copies_in_graph: (false, false),
             profile: std::env::var_os("RLX_CUDA_PROFILE").map(|_| HashMap::new()),
             opts: opts.clone(),
             gpu,
@@ -646,6 +651,63 @@ impl CudaModel {
             Op::Constant { .. } => self.consts.get(&id).map(|b| b.ptr),
             _ => None,
         }
+    }
+
+    /// Copy the staged inputs into their arena slots (one copy over the
+    /// span of the input slots), on the stream.
+    fn upload_inputs(&self) -> Result<(), String> {
+        let (lo, hi) = self.in_span;
+        if hi == lo {
+            return Ok(());
+        }
+        let src = &self.in_stage.as_slice()[..hi - lo];
+        // SAFETY: the arena holds at least `hi` bytes; `src` is pinned memory
+        // that is rewritten only between runs, after the stream synchronized.
+        unsafe {
+            drv::memcpy_htod_async(self.arena.ptr + lo as u64, src, self.gpu.stream.cu_stream())
+        }
+        .map_err(|e| format!("cuda: input upload: {e:?}"))
+    }
+
+    /// The copies that bring a run's results to `out_stage`: (stage offset,
+    /// device address, bytes) for each arena output, then the status word
+    /// into the stage's reserved tail.
+    fn downloads(&self) -> Vec<(usize, u64, usize)> {
+        let mut v: Vec<(usize, u64, usize)> = self
+            .core
+            .graph
+            .outputs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &o)| Some((self.out_offsets[i]?, self.addr(o)?, self.out_bytes(o))))
+            .filter(|d| d.2 > 0)
+            .collect();
+        v.push((self.out_stage.as_slice().len() - 64, self.status.ptr, 4));
+        v
+    }
+
+    /// Issue `downloads` on the stream.
+    fn download_outputs(&self, downloads: &[(usize, u64, usize)]) -> Result<(), String> {
+        let stream = self.gpu.stream.cu_stream();
+        let stage = self.out_stage.host_ptr();
+        for &(at, src, bytes) in downloads {
+            // SAFETY: `stage + at .. + bytes` lies in the pinned staging buffer
+            // (offsets planned at compile time, the status in its reserved
+            // tail), which the host reads only after the stream synchronized;
+            // the source is the output's arena slot (or, for a CacheWrite, the
+            // cache param's device buffer) or the status word, `bytes` long.
+            unsafe {
+                drv_sys::cuMemcpyDtoHAsync_v2(
+                    stage.add(at) as *mut std::ffi::c_void,
+                    src,
+                    bytes,
+                    stream,
+                )
+                .result()
+            }
+            .map_err(|e| format!("cuda: output download: {e:?}"))?;
+        }
+        Ok(())
     }
 
     /// Bytes of output node `o`'s value.
@@ -802,7 +864,9 @@ impl CudaModel {
         let meta_buf = DeviceBuffer::new(&self.gpu.ctx, meta.len() * 4).map_err(rt)?;
         meta_buf.upload(bytemuck::cast_slice(&meta)).map_err(rt)?;
         let mut steps = Vec::new();
-        for (compiled, launches) in raw {
+        let n_steps = raw.len();
+        self.copies_in_graph = (false, false);
+        for (i, (compiled, launches)) in raw.into_iter().enumerate() {
             let mut ready: Vec<Ready> = Vec::with_capacity(launches.len());
             for (node, l) in launches {
                 self.resolve(node, l, meta_buf.ptr, &mut ready)?;
@@ -811,13 +875,23 @@ impl CudaModel {
                 self.gpu.sync().map_err(rt)?;
                 let gpu = &self.gpu;
                 let count = ready.len();
+                let (first, last) = (i == 0, i + 1 == n_steps);
+                let downloads = self.downloads();
                 let g = CuGraph::capture(gpu, count, || {
+                    if first {
+                        self.upload_inputs()?;
+                    }
                     for r in &ready {
                         r.issue(gpu).map_err(|e| format!("node {}: {e}", r.node))?;
+                    }
+                    if last {
+                        self.download_outputs(&downloads)?;
                     }
                     Ok(())
                 })
                 .map_err(rt)?;
+                self.copies_in_graph.0 |= first;
+                self.copies_in_graph.1 |= last;
                 steps.push(ExecStep::Graph(g));
             } else {
                 steps.push(ExecStep::Launches(ready));
@@ -1014,9 +1088,9 @@ impl CudaModel {
         if self.exec.is_none() {
             self.build_exec()?;
         }
-        let stream = self.gpu.stream.cu_stream();
         // Bind inputs: host -> pinned staging (laid out as the arena's input
-        // slots) -> arena, one copy.
+        // slots) -> arena, one copy (the first node of the first CUDA graph
+        // when the schedule starts with a compiled segment).
         {
             let stage = self.in_stage.as_mut_slice();
             for (pos, data) in bound.iter().enumerate() {
@@ -1027,13 +1101,8 @@ impl CudaModel {
                 stage[at..at + b.len()].copy_from_slice(b);
             }
         }
-        let (lo, hi) = self.in_span;
-        if hi > lo {
-            let src = &self.in_stage.as_slice()[..hi - lo];
-            // SAFETY: the arena holds `hi` bytes; `src` is pinned memory that
-            // stays untouched until the stream is synchronized below.
-            unsafe { drv::memcpy_htod_async(self.arena.ptr + lo as u64, src, stream) }
-                .map_err(|e| rt(format!("cuda: input upload: {e:?}")))?;
+        if !self.copies_in_graph.0 {
+            self.upload_inputs().map_err(rt)?;
         }
         let graph = &self.core.graph;
         for step in self.exec.as_ref().expect("built above") {
@@ -1060,32 +1129,9 @@ impl CudaModel {
         }
         let out_ids = graph.outputs.clone();
         let status_at = self.out_stage.as_slice().len() - 64;
-        {
-            let status_ptr = self.status.ptr;
-            let srcs: Vec<Option<(usize, u64, usize)>> = out_ids
-                .iter()
-                .enumerate()
-                .map(|(i, &o)| {
-                    let at = self.out_offsets[i]?;
-                    Some((at, self.addr(o)?, self.out_bytes(o)))
-                })
-                .collect();
-            let stage = self.out_stage.as_mut_slice();
-            for (at, src, bytes) in srcs.into_iter().flatten() {
-                if bytes == 0 {
-                    continue;
-                }
-                // SAFETY: `stage[at..at + bytes]` is pinned memory reserved for this
-                // output; the source is its arena slot (or, for a CacheWrite, the
-                // cache param's device buffer), `bytes` long.
-                unsafe { drv::memcpy_dtoh_async(&mut stage[at..at + bytes], src, stream) }
-                    .map_err(|e| rt(format!("cuda: output download: {e:?}")))?;
-            }
-            // SAFETY: 4 bytes of the reserved tail of the staging buffer.
-            unsafe {
-                drv::memcpy_dtoh_async(&mut stage[status_at..status_at + 4], status_ptr, stream)
-            }
-            .map_err(|e| rt(format!("cuda: status download: {e:?}")))?;
+        if !self.copies_in_graph.1 {
+            let downloads = self.downloads();
+            self.download_outputs(&downloads).map_err(rt)?;
         }
         self.gpu.sync().map_err(rt)?;
         let stage = self.out_stage.as_slice();
