@@ -152,7 +152,8 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         println!(
             "{}",
             serde_json::json!({"median_ms": median, "times_ms": times, "dispatches": dispatches,
-                "mode": format!("{:?}", a.mode).to_lowercase(), "batch": b, "seq": s})
+                "mode": format!("{:?}", a.mode).to_lowercase(), "batch": b, "seq": s,
+                "isa": rlx::cpu::Isa::active().name(), "threads": a.threads.unwrap_or_else(rayon_threads)})
         );
     } else {
         println!(
@@ -208,8 +209,14 @@ fn profile(
             flops as f64 / ns as f64
         }
     };
+    let isa = rlx::cpu::Isa::active();
     eprintln!(
-        "measured on all {} threads: FMA peak (register loop) {peak:.1} GFLOP/s, \
+        "kernels: {isa} ({} f32 lanes; RLX_CPU_ISA=avx512|avx2|portable overrides); CPU: {}",
+        isa.f32_lanes(),
+        rlx::cpu::CpuFeatures::get().names().join(" ")
+    );
+    eprintln!(
+        "measured on all {} threads: {isa} FMA peak (register loop) {peak:.1} GFLOP/s, \
          packed GEMM 256^3 in cache {gemm_peak:.1} GFLOP/s ({:.0}% of FMA peak)",
         rayon_threads(),
         100.0 * gemm_peak / peak

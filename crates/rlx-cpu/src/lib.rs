@@ -9,9 +9,11 @@
 mod arena;
 mod executor;
 mod fused;
+pub mod isa;
 pub mod kernels;
 pub mod peak;
 
 pub use executor::{CpuModel, CpuOptions, ProfileEntry};
 pub use fused::{FusedCompiler, FusedPlan};
+pub use isa::{CpuFeatures, Isa};
 pub use peak::{measure_fma_peak, measure_gemm_peak};

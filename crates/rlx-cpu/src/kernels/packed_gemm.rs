@@ -20,6 +20,7 @@
 
 use super::elementwise::apply_activation;
 use super::{bad_shape, need_len, num_threads, KernelError};
+use crate::isa::Isa;
 use rayon::prelude::*;
 use rlx_ir::Activation;
 
@@ -209,15 +210,6 @@ enum Panel<'a> {
     F16(&'a [PanelRowF16]),
 }
 
-/// Which micro-kernel runs: chosen from the CPU at run time, or forced (tests).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kernel {
-    /// The best the CPU supports.
-    Auto,
-    /// Portable Rust, same blocking and summation order per element.
-    Scalar,
-}
-
 /// `C[m, n] = A[m, k] x B (+ bias) (then act)`, A row-major with row stride
 /// `lda`, C row-major with row stride `ldc`. C's old contents are never read.
 /// `parallel` lets the product use the rayon pool.
@@ -233,13 +225,16 @@ pub fn gemm_packed(
     act: Option<Activation>,
     parallel: bool,
 ) -> Result<(), KernelError> {
-    gemm_packed_with(Kernel::Auto, m, a, lda, b, c, ldc, bias, act, parallel)
+    gemm_packed_with(Isa::active(), m, a, lda, b, c, ldc, bias, act, parallel)
 }
 
-/// [`gemm_packed`] with the micro-kernel chosen by the caller.
+/// [`gemm_packed`] with the micro-kernels of `isa` (tests and A/B runs). Every
+/// variant computes each element with the same fused multiply-adds in the
+/// same order (p ascending), so all give the same bits. An `isa` the CPU
+/// cannot run falls back to the active one.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_packed_with(
-    kernel: Kernel,
+    isa: Isa,
     m: usize,
     a: &[f32],
     lda: usize,
@@ -272,7 +267,7 @@ pub fn gemm_packed_with(
             ));
         }
     }
-    let avx2 = kernel == Kernel::Auto && has_avx2_fma();
+    let isa = if isa.supported() { isa } else { Isa::active() };
     let threads = if parallel && m * n * k.max(1) >= PAR_MIN_MACS {
         num_threads()
     } else {
@@ -292,8 +287,7 @@ pub fn gemm_packed_with(
         ldc,
         bias,
         act,
-        avx2,
-        f16c: avx2 && has_f16c(),
+        isa,
     };
     let run = |t: usize| {
         let ((r0, r1), (p0, p1)) = part.task(t);
@@ -413,8 +407,7 @@ pub fn gemm_packed_window(
         ldc,
         bias: None,
         act: None,
-        avx2: has_avx2_fma(),
-        f16c: has_avx2_fma() && has_f16c(),
+        isa: Isa::active(),
     };
     // SAFETY: one task covering all of C, whose extent is checked above and
     // which the `&mut` borrow makes exclusive.
@@ -446,9 +439,8 @@ struct Job<'a> {
     ldc: usize,
     bias: Option<&'a [f32]>,
     act: Option<Activation>,
-    avx2: bool,
-    /// F16C present (for f16 panels).
-    f16c: bool,
+    /// Which micro-kernels run (one the CPU supports).
+    isa: Isa,
 }
 
 impl Job<'_> {
@@ -479,17 +471,26 @@ impl Job<'_> {
         while pc < k {
             let kc = step.min(k - pc);
             let first = pc == 0;
-            for panel in p0..p1 {
+            let mut panel = p0;
+            while panel < p1 {
+                #[cfg(target_arch = "x86_64")]
+                if self.isa == Isa::Avx512 && panel + 1 < p1 {
+                    self.pair(c, r0, r1, panel, pc, kc, !first);
+                    panel += 2;
+                    continue;
+                }
                 let bp = self.b.panel_rows(self.pan0 + panel, self.k0 + pc, kc);
                 let cols = NR.min(self.n - panel * NR);
+                let mr = self.tile_max_rows();
                 let mut r = r0;
                 while r < r1 {
-                    let rows = tile_rows(r1 - r);
+                    let rows = tile_rows(r1 - r, mr);
                     let ap = self.a.as_ptr().add(r * self.lda + pc);
                     let cp = c.0.add(r * self.ldc + panel * NR);
                     self.tile(rows, kc, ap, bp, cp, cols, !first);
                     r += rows;
                 }
+                panel += 1;
             }
             pc += kc;
         }
@@ -522,6 +523,60 @@ impl Job<'_> {
         }
     }
 
+    /// Rows of the tallest micro-tile of this ISA.
+    fn tile_max_rows(&self) -> usize {
+        if self.isa == Isa::Avx512 {
+            avx512::MR
+        } else {
+            MR
+        }
+    }
+
+    /// Panels `panel` and `panel + 1` (both inside this task) for rows
+    /// `r0..r1` and K slice `pc..pc + kc`, as AVX-512 `R x 32` tiles.
+    ///
+    /// # Safety
+    /// As for [`Job::block`], and the CPU runs AVX-512 (`self.isa`).
+    #[cfg(target_arch = "x86_64")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn pair(
+        &self,
+        c: SharedC,
+        r0: usize,
+        r1: usize,
+        panel: usize,
+        pc: usize,
+        kc: usize,
+        accumulate: bool,
+    ) {
+        let (b0, b1, table) = match (
+            self.b.panel_rows(self.pan0 + panel, self.k0 + pc, kc),
+            self.b.panel_rows(self.pan0 + panel + 1, self.k0 + pc, kc),
+        ) {
+            (Panel::F32(x), Panel::F32(y)) => (
+                x.as_ptr().cast::<u8>(),
+                y.as_ptr().cast::<u8>(),
+                &avx512::PAIR,
+            ),
+            (Panel::F16(x), Panel::F16(y)) => (
+                x.as_ptr().cast::<u8>(),
+                y.as_ptr().cast::<u8>(),
+                &avx512::PAIR_F16,
+            ),
+            // One PackedB stores one element type; nothing else is built.
+            _ => return,
+        };
+        let cols = (2 * NR).min(self.n - panel * NR);
+        let mut r = r0;
+        while r < r1 {
+            let rows = tile_rows(r1 - r, avx512::MR);
+            let ap = self.a.as_ptr().add(r * self.lda + pc);
+            let cp = c.0.add(r * self.ldc + panel * NR);
+            table[rows - 1](kc, ap, self.lda, b0, b1, cp, self.ldc, cols, accumulate);
+            r += rows;
+        }
+    }
+
     /// One micro-tile: `C[rows, cols] (+)= A[rows, kc] x Bpanel[kc, 16]`.
     ///
     /// # Safety
@@ -540,14 +595,19 @@ impl Job<'_> {
         accumulate: bool,
     ) {
         #[cfg(target_arch = "x86_64")]
-        if self.avx2 {
-            let kernels = match bp {
-                Panel::F32(b) => Some((b.as_ptr().cast::<u8>(), avx2::TILE)),
-                Panel::F16(b) if self.f16c => Some((b.as_ptr().cast::<u8>(), avx2::TILE_F16)),
-                Panel::F16(_) => None,
+        {
+            let (b, f16) = match bp {
+                Panel::F32(b) => (b.as_ptr().cast::<u8>(), false),
+                Panel::F16(b) => (b.as_ptr().cast::<u8>(), true),
             };
-            if let Some((b, table)) = kernels {
-                let f = table[rows.clamp(1, MR) - 1];
+            let f = match (self.isa, f16) {
+                (Isa::Avx512, false) => Some(avx512::TILE[rows.clamp(1, avx512::MR) - 1]),
+                (Isa::Avx512, true) => Some(avx512::TILE_F16[rows.clamp(1, avx512::MR) - 1]),
+                (Isa::Avx2, false) => Some(avx2::TILE[rows.clamp(1, MR) - 1]),
+                (Isa::Avx2, true) => Some(avx2::TILE_F16[rows.clamp(1, MR) - 1]),
+                (Isa::Portable, _) => None,
+            };
+            if let Some(f) = f {
                 return f(kc, ap, self.lda, b, cp, self.ldc, cols, accumulate);
             }
         }
@@ -615,37 +675,16 @@ unsafe fn scalar_tile<T>(
     }
 }
 
-/// Rows of the next micro-tile when `rem` rows are left: [`MR`], except
-/// that the last 7-11 rows split into two near-equal tiles. A 1- or 2-row
-/// tile has too few accumulator chains to cover the FMA latency and runs at
-/// a quarter or half speed; 4+4 beats 6+2.
-fn tile_rows(rem: usize) -> usize {
-    if rem > MR && rem < 2 * MR {
+/// Rows of the next micro-tile when `rem` rows are left and tiles hold at
+/// most `mr`: `mr`, except that a last `mr + 1 .. 2 mr - 1` rows split into
+/// two near-equal tiles. A 1- or 2-row tile has too few accumulator chains
+/// to cover the FMA latency and runs at a quarter or half speed; 4+4 beats
+/// 6+2.
+fn tile_rows(rem: usize, mr: usize) -> usize {
+    if rem > mr && rem < 2 * mr {
         rem.div_ceil(2)
     } else {
-        MR.min(rem)
-    }
-}
-
-fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-fn has_f16c() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+        mr.min(rem)
     }
 }
 
@@ -776,6 +815,165 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::NR;
+    use std::arch::x86_64::*;
+
+    /// Rows of the tallest AVX-512 micro-tile.
+    pub const MR: usize = 8;
+
+    /// A pair micro-kernel: `(kc, ap, lda, b0, b1, cp, ldc, cols,
+    /// accumulate)`, `b0`/`b1` the two panels' rows.
+    pub type Pair =
+        unsafe fn(usize, *const f32, usize, *const u8, *const u8, *mut f32, usize, usize, bool);
+
+    /// Defines `R x 32` (two panels, `$pair`) and `R x 16` (`$one`)
+    /// micro-kernels over panel rows of type `$elem`, one zmm register per
+    /// panel row produced by `$load`; `2R` or `R` accumulators, one
+    /// broadcast of A per row and k step.
+    macro_rules! micro_kernels {
+        ($elem:ty, $load:expr, $pair:ident, $one:ident, $doc:literal) => {
+            #[doc = concat!("`R x 32` tile over two panels of ", $doc, ".")]
+            ///
+            /// # Safety
+            /// The CPU runs AVX-512F/BW/VL/DQ (the active ISA), the pointers
+            /// satisfy [`super::Job::tile`]'s contract for `cols <= 32`
+            /// columns, and `b0`, `b1` point at `kc` aligned panel rows of
+            /// this kernel's element type.
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn $pair<const R: usize>(
+                kc: usize,
+                ap: *const f32,
+                lda: usize,
+                b0: *const u8,
+                b1: *const u8,
+                cp: *mut f32,
+                ldc: usize,
+                cols: usize,
+                accumulate: bool,
+            ) {
+                let (b0, b1) = (b0.cast::<$elem>(), b1.cast::<$elem>());
+                let mut acc = [[_mm512_setzero_ps(); 2]; R];
+                for p in 0..kc {
+                    let v0 = $load(b0.add(p * NR));
+                    let v1 = $load(b1.add(p * NR));
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        let av = _mm512_set1_ps(*ap.add(r * lda + p));
+                        a[0] = _mm512_fmadd_ps(av, v0, a[0]);
+                        a[1] = _mm512_fmadd_ps(av, v1, a[1]);
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    let c = cp.add(r * ldc);
+                    store(a[0], c, cols.min(NR), accumulate);
+                    if cols > NR {
+                        store(a[1], c.add(NR), cols - NR, accumulate);
+                    }
+                }
+            }
+
+            #[doc = concat!("`R x 16` tile over one panel of ", $doc, ".")]
+            ///
+            /// # Safety
+            /// As for the pair kernel, with one panel and `cols <= 16`.
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn $one<const R: usize>(
+                kc: usize,
+                ap: *const f32,
+                lda: usize,
+                bp: *const u8,
+                cp: *mut f32,
+                ldc: usize,
+                cols: usize,
+                accumulate: bool,
+            ) {
+                let bp = bp.cast::<$elem>();
+                let mut acc = [_mm512_setzero_ps(); R];
+                for p in 0..kc {
+                    let v = $load(bp.add(p * NR));
+                    for (r, a) in acc.iter_mut().enumerate() {
+                        *a = _mm512_fmadd_ps(_mm512_set1_ps(*ap.add(r * lda + p)), v, *a);
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    store(*a, cp.add(r * ldc), cols, accumulate);
+                }
+            }
+        };
+    }
+
+    micro_kernels!(
+        f32,
+        |b: *const f32| _mm512_load_ps(b),
+        pair,
+        one,
+        "f32 panel rows (one 64-byte line per k step)"
+    );
+    micro_kernels!(
+        u16,
+        |b: *const u16| _mm512_cvtph_ps(_mm256_load_si256(b.cast::<__m256i>())),
+        pair_f16,
+        one_f16,
+        "f16 panel rows (32 bytes per k step, widened as loaded)"
+    );
+
+    /// [`pair`] for 1..=MR rows.
+    pub const PAIR: [Pair; MR] = [
+        pair::<1>, pair::<2>, pair::<3>, pair::<4>, pair::<5>, pair::<6>, pair::<7>, pair::<8>,
+    ];
+
+    /// [`pair_f16`] for 1..=MR rows.
+    pub const PAIR_F16: [Pair; MR] = [
+        pair_f16::<1>,
+        pair_f16::<2>,
+        pair_f16::<3>,
+        pair_f16::<4>,
+        pair_f16::<5>,
+        pair_f16::<6>,
+        pair_f16::<7>,
+        pair_f16::<8>,
+    ];
+
+    /// [`one`] for 1..=MR rows.
+    pub const TILE: [super::avx2::Tile; MR] = [
+        one::<1>, one::<2>, one::<3>, one::<4>, one::<5>, one::<6>, one::<7>, one::<8>,
+    ];
+
+    /// [`one_f16`] for 1..=MR rows.
+    pub const TILE_F16: [super::avx2::Tile; MR] = [
+        one_f16::<1>,
+        one_f16::<2>,
+        one_f16::<3>,
+        one_f16::<4>,
+        one_f16::<5>,
+        one_f16::<6>,
+        one_f16::<7>,
+        one_f16::<8>,
+    ];
+
+    /// Write (or add) the first `cols <= 16` lanes of `v` at `c`.
+    ///
+    /// # Safety
+    /// `c` addresses `cols` floats; AVX-512F is enabled in the caller.
+    #[inline(always)]
+    unsafe fn store(v: __m512, c: *mut f32, cols: usize, accumulate: bool) {
+        let mask: __mmask16 = if cols >= NR {
+            0xffff
+        } else {
+            (1u16 << cols) - 1
+        };
+        let v = if accumulate {
+            _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, c))
+        } else {
+            v
+        };
+        _mm512_mask_storeu_ps(c, mask, v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -842,7 +1040,7 @@ mod tests {
         }
     }
 
-    fn check(kernel: Kernel, m: usize, k: usize, n: usize, lda: usize, parallel: bool) {
+    fn check(kernel: Isa, m: usize, k: usize, n: usize, lda: usize, parallel: bool) {
         let a = fill(m * lda, 1 + m as u32);
         let b = fill(k * n, 7 + n as u32);
         let bias = fill(n, 3);
@@ -878,7 +1076,7 @@ mod tests {
 
     #[test]
     fn matches_naive_on_edge_sizes() {
-        for kernel in [Kernel::Auto, Kernel::Scalar] {
+        for kernel in Isa::available() {
             for &(m, k, n) in &[
                 (1, 1, 1),
                 (1, 7, 17),
@@ -908,7 +1106,7 @@ mod tests {
             assert_eq!(packed.bytes(), n.div_ceil(NR) * k * 32);
             let want = naive(m, k, n, &a, k, &b16);
             let mut out = Vec::new();
-            for kernel in [Kernel::Auto, Kernel::Scalar] {
+            for kernel in Isa::available() {
                 let mut c = vec![f32::NAN; m * n];
                 let act = Some(Activation::Relu);
                 gemm_packed_with(kernel, m, &a, k, &packed, &mut c, n, None, act, true).unwrap();
@@ -927,41 +1125,34 @@ mod tests {
     }
 
     #[test]
-    fn avx2_and_scalar_agree_closely() {
-        let (m, k, n) = (50, 777, 70);
-        let a = fill(m * k, 9);
-        let b = fill(k * n, 10);
-        let packed = PackedB::pack(&b, k, n, n).unwrap();
-        let mut c1 = vec![0f32; m * n];
-        let mut c2 = vec![0f32; m * n];
-        gemm_packed_with(
-            Kernel::Auto,
-            m,
-            &a,
-            k,
-            &packed,
-            &mut c1,
-            n,
-            None,
-            None,
-            true,
-        )
-        .unwrap();
-        gemm_packed_with(
-            Kernel::Scalar,
-            m,
-            &a,
-            k,
-            &packed,
-            &mut c2,
-            n,
-            None,
-            None,
-            false,
-        )
-        .unwrap();
-        // Same order of fused multiply-adds per element: bit-identical.
-        assert_eq!(c1, c2);
+    fn every_isa_gives_the_portable_bits() {
+        // Odd panel counts (a single-panel tail after AVX-512 pairs), ragged
+        // columns, every tile height, several K blocks, f32 and f16 panels.
+        for &(m, k, n) in &[(50, 777, 70), (13, 40, 48), (9, 300, 33), (128, 384, 1536)] {
+            let a = fill(m * k, 9);
+            let b = fill(k * n, 10);
+            let f32p = PackedB::pack(&b, k, n, n).unwrap();
+            for packed in [f32p.clone(), f32p.to_f16()] {
+                let run = |isa: Isa, parallel: bool| {
+                    let mut c = vec![0f32; m * n];
+                    gemm_packed_with(isa, m, &a, k, &packed, &mut c, n, None, None, parallel)
+                        .unwrap();
+                    c
+                };
+                let want = run(Isa::Portable, false);
+                for isa in Isa::available() {
+                    for parallel in [false, true] {
+                        // Same fused multiply-adds in the same order per
+                        // element: bit-identical.
+                        assert!(
+                            run(isa, parallel) == want,
+                            "{isa} m{m} k{k} n{n} f16 {} parallel {parallel}",
+                            packed.is_f16()
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]

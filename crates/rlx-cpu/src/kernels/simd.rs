@@ -7,11 +7,13 @@
 //! caller's target features.
 
 /// Define a function whose body is compiled for the baseline target and, on
-/// x86_64, a second time with AVX2 and FMA enabled; the AVX2 copy runs when
-/// the CPU has those features. Signatures may not be generic. Inside the
-/// body the type `M` implements [`Fma`]: `M::fma(a, b, c)` is a fused
-/// multiply-add in the AVX2 copy and `a * b + c` in the baseline copy, and
-/// the `*_m::<M>` math functions use it.
+/// x86_64, twice more: with AVX2+FMA+F16C and with AVX-512 (F/BW/VL/DQ) on
+/// top. The copy that runs is [`crate::isa::Isa::active`]'s. Signatures may
+/// not be generic. Inside the body the type `M` implements [`Fma`]:
+/// `M::fma(a, b, c)` is a fused multiply-add in the vector copies and
+/// `a * b + c` in the baseline copy, and the `*_m::<M>` math functions use
+/// it. The AVX2 and AVX-512 copies run the same operations in the same
+/// order (LLVM only widens the vectors), so they agree bit for bit.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! simd_dispatch {
@@ -24,15 +26,23 @@ macro_rules! simd_dispatch {
             fn body<M: $crate::kernels::simd::Fma>($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
-                #[target_feature(enable = "avx2,fma")]
+                #[target_feature(enable = "avx2,fma,f16c")]
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                     body::<$crate::kernels::simd::HwFma>($($arg),*)
                 }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                    // SAFETY: `avx2` only differs from `body` by its target
-                    // features, and the CPU supports both (checked just above).
-                    return unsafe { avx2($($arg),*) };
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    body::<$crate::kernels::simd::HwFma>($($arg),*)
+                }
+                match $crate::isa::Isa::active() {
+                    // SAFETY: `avx512` only differs from `body` by its target
+                    // features, and the active ISA is one the CPU supports.
+                    $crate::isa::Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: as above, for AVX2, FMA and F16C.
+                    $crate::isa::Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::isa::Isa::Portable => {}
                 }
             }
             body::<$crate::kernels::simd::NoFma>($($arg),*)
