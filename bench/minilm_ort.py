@@ -276,6 +276,7 @@ class RlxRunner:
         self.threads = threads
         self.timeout_s = timeout_s
         self.broken: dict[str, str] = {}  # mode -> reason
+        self.isa: str | None = None  # the kernel ISA rlx reported
         if not binary.is_file():
             reason = f"{disp(binary)} not found (build it with `cargo build --release -p rlx-cli`)"
             for m in MODES:
@@ -302,6 +303,7 @@ class RlxRunner:
             times = [float(t) for t in out["times_ms"]]
             if not times:
                 raise ValueError("empty times_ms")
+            self.isa = out.get("isa", self.isa)
             return {"times_ms": times, "median_ms": float(out["median_ms"]), "dispatches": out.get("dispatches")}
         except (IndexError, KeyError, ValueError, TypeError) as e:
             self._fail(mode, f"{self._show(cmd)} printed no valid JSON line ({e}): {proc.stdout.strip()[:300]!r}")
@@ -328,6 +330,18 @@ def machine_info() -> str:
            f"onnxruntime {ort.__version__}, python {platform.python_version()}"
 
 
+def cpu_flags() -> str:
+    """The SIMD-relevant flags of /proc/cpuinfo (avx*, fma, f16c, amx*)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                return " ".join(f for f in flags if f.startswith(("avx", "amx")) or f in ("fma", "f16c"))
+    except OSError:
+        pass
+    return ""
+
+
 def median(xs: list[float]) -> float:
     return float(np.median(np.asarray(xs)))
 
@@ -344,6 +358,8 @@ def main() -> int:
     ap.add_argument("--skip-rlx", action="store_true")
     ap.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
     ap.add_argument("--rlx-timeout", type=float, default=600.0)
+    ap.add_argument("--tag", default="", help="suffix of the result files (e.g. _xeon_t16)")
+    ap.add_argument("--modes", default=",".join(MODES), help="rlx modes to run (%s)" % ",".join(MODES))
     args = ap.parse_args()
 
     if args.rounds * args.iters < 20:
@@ -367,6 +383,7 @@ def main() -> int:
         print(f"error: ORT graph differs from the reference by {err:.3e} > {TOL:g}; not timing it", file=sys.stderr)
         return 1
 
+    MODES[:] = [m for m in args.modes.split(",") if m in MODE_FLAGS]
     rlx = RlxRunner(args.rlx_bin, args.model_dir, args.threads, args.rlx_timeout)
     if args.skip_rlx:
         for m in MODES:
@@ -417,13 +434,16 @@ def main() -> int:
                   "after warm-up; random valid token ids, full attention mask",
         "loadavg_1m_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "rlx_unavailable": {m: reason for m, reason in rlx.broken.items()},
+        "rlx_isa": rlx.isa,
+        "cpu_flags": cpu_flags(),
         "rows": rows,
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "minilm_cpu.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out_dir / "minilm_cpu.md").write_text(markdown(result))
-    plot(result, args.out_dir / "minilm_cpu.png")
-    print(f"[bench] wrote {args.out_dir}/minilm_cpu.{{json,md,png}}")
+    stem = f"minilm_cpu{args.tag}"
+    (args.out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out_dir / f"{stem}.md").write_text(markdown(result))
+    plot(result, args.out_dir / f"{stem}.png")
+    print(f"[bench] wrote {args.out_dir}/{stem}.{{json,md,png}}")
     return 0
 
 
@@ -436,6 +456,8 @@ def markdown(result: dict) -> str:
         "# all-MiniLM-L6-v2 on the CPU: rlx vs ONNX Runtime",
         "",
         f"- machine: {result['machine']}",
+        f"- CPU SIMD flags: {result.get('cpu_flags', '')}",
+        f"- rlx kernel ISA: {result.get('rlx_isa')}; threads: {result['threads']}",
         f"- date: {result['date']}",
         f"- ORT: {result['ort_settings']}; graph parity vs sentence-transformers max |err| "
         f"{result['ort_parity_max_abs_err']:.2e}",

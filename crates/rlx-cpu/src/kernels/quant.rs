@@ -18,6 +18,7 @@
 //! only by f32 rounding (relative to `Σ |x| |w|`).
 
 use super::{bad_shape, exact_len, num_threads, simd, KernelError, PAR_MIN_ELEMS};
+use crate::isa::Isa;
 use rayon::prelude::*;
 use rlx_formats::{quant::dequantize, GgmlType};
 use rlx_ir::{ActivationPrecision, QuantScheme};
@@ -143,17 +144,10 @@ struct GemvCtx<'a> {
     avx2: bool,
 }
 
+/// Whether the AVX2 kernels run now: the CPU has them and
+/// [`Isa::active`] (`RLX_CPU_ISA`) does not ask for the portable ones.
 fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    Isa::active() >= Isa::Avx2
 }
 
 fn gemv(

@@ -26,6 +26,7 @@
 //! to f32 rounding either way.
 
 use super::{bad_shape, num_threads, KernelError};
+use crate::isa::Isa;
 use rayon::prelude::*;
 use rlx_ir::QuantScheme;
 
@@ -177,18 +178,16 @@ impl Kind {
     }
 }
 
-/// Whether the AVX2 + FMA + F16C kernels may run on this CPU.
+/// Whether this CPU can run the AVX2 + FMA + F16C kernels (tests compare
+/// them with the scalar ones).
 pub fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    Isa::Avx2.supported()
+}
+
+/// Whether the AVX2 kernels run now: the CPU has them and
+/// [`Isa::active`] (`RLX_CPU_ISA`) does not ask for the portable ones.
+fn use_avx2() -> bool {
+    Isa::active() >= Isa::Avx2
 }
 
 /// Whether `scheme` has an integer kernel here (else `Int8` activations
@@ -212,7 +211,7 @@ pub(crate) fn matmul_int8(
     out: &mut [f32],
     parallel: bool,
 ) -> Result<(), KernelError> {
-    matmul_int8_isa(scheme, x, m, k, w, rb, n, out, parallel, has_avx2())
+    matmul_int8_isa(scheme, x, m, k, w, rb, n, out, parallel, use_avx2())
 }
 
 #[allow(clippy::too_many_arguments)]
