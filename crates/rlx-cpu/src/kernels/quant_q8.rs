@@ -184,10 +184,39 @@ pub fn has_avx2() -> bool {
     Isa::Avx2.supported()
 }
 
-/// Whether the AVX2 kernels run now: the CPU has them and
-/// [`Isa::active`] (`RLX_CPU_ISA`) does not ask for the portable ones.
-fn use_avx2() -> bool {
-    Isa::active() >= Isa::Avx2
+/// Which integer kernels form the block dot products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Int8Path {
+    /// Plain Rust.
+    Scalar,
+    /// AVX2 `maddubs` + `madd`.
+    Avx2,
+    /// AVX512-VNNI `vpdpbusd` (on 256-bit registers).
+    Vnni,
+}
+
+impl Int8Path {
+    /// The kernels for the active [`Isa`] (`RLX_CPU_ISA`): VNNI under
+    /// AVX-512 when the CPU has it, AVX2 under AVX2 or AVX-512, else scalar.
+    pub fn active() -> Int8Path {
+        match Isa::active() {
+            Isa::Avx512 if crate::isa::CpuFeatures::get().avx512vnni => Int8Path::Vnni,
+            Isa::Avx512 | Isa::Avx2 => Int8Path::Avx2,
+            Isa::Portable => Int8Path::Scalar,
+        }
+    }
+
+    /// Every path this CPU runs (tests compare them).
+    pub fn available() -> Vec<Int8Path> {
+        let mut v = vec![Int8Path::Scalar];
+        if Isa::Avx2.supported() {
+            v.push(Int8Path::Avx2);
+        }
+        if Isa::Avx512.supported() && crate::isa::CpuFeatures::get().avx512vnni {
+            v.push(Int8Path::Vnni);
+        }
+        v
+    }
 }
 
 /// Whether `scheme` has an integer kernel here (else `Int8` activations
@@ -211,7 +240,7 @@ pub(crate) fn matmul_int8(
     out: &mut [f32],
     parallel: bool,
 ) -> Result<(), KernelError> {
-    matmul_int8_isa(scheme, x, m, k, w, rb, n, out, parallel, use_avx2())
+    matmul_int8_isa(scheme, x, m, k, w, rb, n, out, parallel, Int8Path::active())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -225,8 +254,9 @@ fn matmul_int8_isa(
     n: usize,
     out: &mut [f32],
     parallel: bool,
-    avx2: bool,
+    path: Int8Path,
 ) -> Result<(), KernelError> {
+    let avx2 = path != Int8Path::Scalar;
     if !k.is_multiple_of(QK) {
         return Err(bad_shape(
             OP,
@@ -245,22 +275,22 @@ fn matmul_int8_isa(
     if m == 1 {
         let per = n.div_ceil(threads * 4).max(32768 / k).next_multiple_of(4);
         if threads == 1 || per >= n {
-            rows(kind, w, rb, &xq, out, avx2);
+            rows(kind, w, rb, &xq, out, path);
         } else {
             out.par_chunks_mut(per)
                 .zip(w.par_chunks(per * rb))
-                .for_each(|(o, wc)| rows(kind, wc, rb, &xq, o, avx2));
+                .for_each(|(o, wc)| rows(kind, wc, rb, &xq, o, path));
         }
         return Ok(());
     }
     let mut yt = vec![0.0f32; n * m];
     let per = n.div_ceil(threads * 8).max(16).next_multiple_of(4);
     if threads == 1 || per >= n {
-        rows(kind, w, rb, &xq, &mut yt, avx2);
+        rows(kind, w, rb, &xq, &mut yt, path);
     } else {
         yt.par_chunks_mut(per * m)
             .zip(w.par_chunks(per * rb))
-            .for_each(|(o, wc)| rows(kind, wc, rb, &xq, o, avx2));
+            .for_each(|(o, wc)| rows(kind, wc, rb, &xq, o, path));
     }
     for (i, orow) in out.chunks_exact_mut(n).enumerate() {
         for (j, o) in orow.iter_mut().enumerate() {
@@ -272,20 +302,22 @@ fn matmul_int8_isa(
 
 /// `yt [rows, m] = W rows x x̂^T` for the `rows = w.len() / rb` weight rows
 /// of one chunk.
-fn rows(kind: Kind, w: &[u8], rb: usize, x: &Q8Rows, yt: &mut [f32], avx2: bool) {
+fn rows(kind: Kind, w: &[u8], rb: usize, x: &Q8Rows, yt: &mut [f32], path: Int8Path) {
     let nrows = w.len() / rb;
     assert!(
         yt.len() == nrows * x.m && x.qs.len() == x.m * x.k && rb == kind.bb() * (x.k / QK),
         "quant_q8::rows: inconsistent chunk sizes"
     );
     #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: `avx2` is set only when the CPU has AVX2, FMA and F16C;
-        // the sizes the kernel reads and writes were checked just above.
-        unsafe { x86::rows(kind, w, rb, x, yt) };
-        return;
+    match path {
+        // SAFETY: `Avx2` is chosen only when the CPU has AVX2, FMA and F16C
+        // (see `Int8Path::supported`); the sizes the kernel reads and writes
+        // were checked just above.
+        Int8Path::Avx2 => return unsafe { x86::rows(kind, w, rb, x, yt) },
+        // SAFETY: as above, `Vnni` only with AVX-512 F/BW/VL and VNNI.
+        Int8Path::Vnni => return unsafe { vnni::rows(kind, w, rb, x, yt) },
+        Int8Path::Scalar => {}
     }
-    let _ = avx2;
     for (j, wr) in w.chunks_exact(rb).enumerate() {
         for i in 0..x.m {
             yt[j * x.m + i] = dot_scalar(kind, wr, x, i);
@@ -346,10 +378,15 @@ fn block_isum(kind: Kind, blk: &[u8], q: &[i8]) -> (i32, f32, f32) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-// Register tiles are indexed [r][c] by loops over their const sizes.
-#[allow(clippy::needless_range_loop)]
-mod x86 {
+/// Defines the x86 integer kernels as module `$name`, compiled with
+/// `$features`; `isum4(u, s)` (`$isum`) forms the 4-byte dot products.
+macro_rules! int8_kernels {
+    ($(#[$m:meta])* $name:ident, $features:literal, |$u:ident, $s:ident| $isum:expr) => {
+        $(#[$m])*
+        #[cfg(target_arch = "x86_64")]
+        // Register tiles are indexed [r][c] by loops over their const sizes.
+        #[allow(clippy::needless_range_loop, dead_code)]
+        mod $name {
     use super::{Kind, Q8Rows, QK};
     use std::arch::x86_64::*;
 
@@ -360,11 +397,22 @@ mod x86 {
     const Q4_1: u8 = 1;
     const Q8_0: u8 = 2;
 
+    /// Eight lanes of `Σ u_i s_i` over four consecutive bytes each, `u`
+    /// unsigned and `s` signed bytes (exact: see the callers' bounds).
+    ///
+    /// # Safety
+    /// The CPU supports this module's target features.
+    #[inline]
+    #[target_feature(enable = $features)]
+    unsafe fn isum4($u: __m256i, $s: __m256i) -> __m256i {
+        $isum
+    }
+
     /// [`super::quantize_block_scalar`] with AVX2, bit for bit.
     ///
     /// # Safety
     /// The CPU must support AVX2; `x` and `q` hold 32 elements.
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = $features)]
     pub(super) unsafe fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
         debug_assert!(x.len() == QK && q.len() == QK);
         let p = x.as_ptr();
@@ -424,7 +472,7 @@ mod x86 {
     ///
     /// # Safety
     /// The CPU must support AVX2; `q` and `out` hold 32 elements.
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = $features)]
     pub(super) unsafe fn scale_block(q: &[i8], d: f32, out: &mut [f32]) {
         debug_assert!(q.len() == QK && out.len() == QK);
         let dv = _mm256_set1_ps(d);
@@ -439,7 +487,7 @@ mod x86 {
 
     /// Horizontal sum of 8 lanes.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = $features)]
     unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -449,7 +497,7 @@ mod x86 {
 
     /// One f16 at `p` as f32.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = $features)]
     unsafe fn f16_at(p: *const u8) -> f32 {
         let bits = (p as *const u16).read_unaligned();
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
@@ -458,7 +506,7 @@ mod x86 {
     /// 16 bytes of packed nibbles as 32 bytes: low nibbles (elements
     /// 0..16), then high nibbles (elements 16..32).
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = $features)]
     unsafe fn nibbles(p: *const u8) -> __m256i {
         let b = _mm_loadu_si128(p as *const __m128i);
         let v = _mm256_set_m128i(_mm_srli_epi16::<4>(b), b);
@@ -468,7 +516,7 @@ mod x86 {
     /// A weight block: its 32 integers (signed for Q4_0/Q8_0, unsigned for
     /// Q4_1), scale and min.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = $features)]
     unsafe fn load_w<const KIND: u8>(p: *const u8) -> (__m256i, f32, f32) {
         match KIND {
             Q4_0 => (
@@ -508,10 +556,9 @@ mod x86 {
     /// AVX2, FMA and F16C; `r0 + R` weight rows and `c0 + C` activation rows
     /// exist in `a`'s buffers.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = $features)]
     unsafe fn tile<const KIND: u8, const R: usize, const C: usize>(a: &Args, r0: usize, c0: usize) {
         let signed = KIND != Q4_1;
-        let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); C]; R];
         let mut macc = [[0.0f32; C]; R];
         for b in 0..a.nb {
@@ -544,14 +591,11 @@ mod x86 {
                     *a.xs.add(row * a.nb + b)
                 };
                 for r in 0..R {
-                    // Pair sums fit i16: |w| <= 128 and |x| <= 127 (signed),
-                    // w <= 15 (Q4_1).
-                    let p16 = if signed {
-                        _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xv, wv[r]))
+                    let p = _mm256_cvtepi32_ps(if signed {
+                        isum4(wa[r], _mm256_sign_epi8(xv, wv[r]))
                     } else {
-                        _mm256_maddubs_epi16(wv[r], xv)
-                    };
-                    let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                        isum4(wv[r], xv)
+                    });
                     acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * dx), p, acc[r][c]);
                     if !signed {
                         macc[r][c] += mw[r] * sx;
@@ -571,7 +615,7 @@ mod x86 {
     /// # Safety
     /// AVX2, FMA and F16C; `a` covers `rows` weight rows and `a.m`
     /// activation rows.
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = $features)]
     unsafe fn rows_k<const KIND: u8>(a: &Args, rows: usize) {
         if a.m == 1 {
             for r in 0..rows {
@@ -604,7 +648,7 @@ mod x86 {
     ///
     /// # Safety
     /// As [`rows_k`].
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = $features)]
     unsafe fn sweep<const KIND: u8, const R: usize>(a: &Args, rows: usize, r_first: usize) {
         let nb = a.nb;
         let mut u = Unpacked::<R> {
@@ -642,7 +686,7 @@ mod x86 {
     /// # Safety
     /// AVX2 and FMA; `a` and `b` point at `n` floats.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = $features)]
     unsafe fn dot_f32(a: *const f32, b: *const f32, n: usize) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let mut i = 0;
@@ -663,7 +707,7 @@ mod x86 {
     /// # Safety
     /// As [`tile`]; `u` holds the unpacked rows `r0..r0 + R`.
     #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
+    #[target_feature(enable = $features)]
     unsafe fn tile_unpacked<const KIND: u8, const R: usize, const C: usize>(
         a: &Args,
         u: &Unpacked<R>,
@@ -671,7 +715,6 @@ mod x86 {
         c0: usize,
     ) {
         let signed = KIND != Q4_1;
-        let ones = _mm256_set1_epi16(1);
         let mut acc = [[_mm256_setzero_ps(); C]; R];
         for b in 0..a.nb {
             let (wv, wa, dw) = (
@@ -684,12 +727,11 @@ mod x86 {
                 let xv = _mm256_loadu_si256(a.xq.add(row * a.k + b * QK) as *const __m256i);
                 let dx = _mm256_broadcast_ss(&*a.xd.add(row * a.nb + b));
                 for r in 0..R {
-                    let p16 = if signed {
-                        _mm256_maddubs_epi16(wa[r], _mm256_sign_epi8(xv, wv[r]))
+                    let p = _mm256_cvtepi32_ps(if signed {
+                        isum4(wa[r], _mm256_sign_epi8(xv, wv[r]))
                     } else {
-                        _mm256_maddubs_epi16(wv[r], xv)
-                    };
-                    let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                        isum4(wv[r], xv)
+                    });
                     acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), p, acc[r][c]);
                 }
             }
@@ -706,7 +748,7 @@ mod x86 {
         }
     }
 
-    /// [`super::rows`] with AVX2.
+    /// [`super::rows`] with this module's instructions.
     ///
     /// # Safety
     /// AVX2, FMA and F16C; `w.len()` is a multiple of `rb`, `rb` is the
@@ -732,6 +774,24 @@ mod x86 {
         }
     }
 }
+    };
+}
+
+int8_kernels!(
+    /// AVX2: `maddubs` (u8 x i8 pairs to i16; the pair sums fit, see the
+    /// tile comments) then `madd` with ones (to i32).
+    x86,
+    "avx2,fma,f16c",
+    |u, s| _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+);
+
+int8_kernels!(
+    /// AVX512-VNNI on 256-bit registers: one `vpdpbusd` per 4-byte group,
+    /// the same integers as the AVX2 pair (so the same results, bit for bit).
+    vnni,
+    "avx512vnni,avx512vl,avx512f,avx512bw,avx2,fma,f16c",
+    |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+);
 
 #[cfg(test)]
 mod tests {
@@ -755,13 +815,10 @@ mod tests {
     const SCHEMES: [QuantScheme; 3] = [QuantScheme::Q4_0, QuantScheme::Q4_1, QuantScheme::Q8_0];
 
     /// The ISAs to compare: scalar always, AVX2 where the CPU has it.
-    fn isas() -> Vec<bool> {
-        if has_avx2() {
-            vec![false, true]
-        } else {
-            println!("no AVX2 on this CPU: only the scalar kernel is checked");
-            vec![false]
-        }
+    fn isas() -> Vec<Int8Path> {
+        let v = Int8Path::available();
+        println!("integer kernels checked on this CPU: {v:?}");
+        v
     }
 
     fn set_f16(blk: &mut [u8], at: usize, v: f32) {
@@ -801,7 +858,7 @@ mod tests {
         k: usize,
         w: &[u8],
         n: usize,
-        avx2: bool,
+        avx2: Int8Path,
         parallel: bool,
     ) -> Vec<f32> {
         let rb = scheme.row_bytes(k).unwrap();
@@ -871,7 +928,7 @@ mod tests {
         let want: Vec<u32> = a.dequantize().iter().map(|v| v.to_bits()).collect();
         for avx2 in [false, true] {
             let got: Vec<u32> = round_rows(&x, avx2).iter().map(|v| v.to_bits()).collect();
-            assert_eq!(got, want, "round_rows avx2={avx2}");
+            assert_eq!(got, want, "round_rows kernels {avx2:?}");
         }
     }
 
@@ -916,7 +973,7 @@ mod tests {
                 for avx2 in isas() {
                     for parallel in [false, true] {
                         let got = run(scheme, &x, m, k, &w, n, avx2, parallel);
-                        assert_eq!(got, want, "{scheme:?} m={m} n={n} avx2={avx2}");
+                        assert_eq!(got, want, "{scheme:?} m={m} n={n} kernels {avx2:?}");
                     }
                 }
             }
@@ -959,7 +1016,7 @@ mod tests {
                             let g = got[i * n + j] as f64;
                             assert!(
                                 (g - want).abs() <= 1e-5 * mag + 1e-12,
-                                "{scheme:?} m={m} [{i},{j}] avx2={avx2}: {g} vs {want}"
+                                "{scheme:?} m={m} [{i},{j}] kernels {avx2:?}: {g} vs {want}"
                             );
                             let bound: f64 = (0..k / 32)
                                 .map(|b| {
