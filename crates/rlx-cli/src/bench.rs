@@ -142,7 +142,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
     if a.profile {
-        profile(model, &inputs, a.iters.clamp(1, 10))?;
+        profile(model, &inputs, a.iters.clamp(1, 10), a.threads)?;
     }
     let mut sorted = times.clone();
     sorted.sort_by(|x, y| x.total_cmp(y));
@@ -174,10 +174,10 @@ fn profile(
     model: &mut CpuModel,
     inputs: &[(&str, TensorRef<'_>)],
     runs: usize,
+    threads: Option<usize>,
 ) -> Result<(), String> {
     use std::collections::BTreeMap;
-    let peak = rlx::cpu::measure_fma_peak(300);
-    let gemm_peak = rlx::cpu::measure_gemm_peak(300);
+    let (peak, gemm_peak) = rlx::cpu::measure_peaks(300, threads);
     let mut steps: Vec<rlx::cpu::ProfileEntry> = Vec::new();
     for r in 0..runs {
         let (_, p) = model.run_profiled(inputs).map_err(|e| e.to_string())?;
@@ -216,9 +216,9 @@ fn profile(
         rlx::cpu::CpuFeatures::get().names().join(" ")
     );
     eprintln!(
-        "measured on all {} threads: {isa} FMA peak (register loop) {peak:.1} GFLOP/s, \
+        "measured on {} threads: {isa} FMA peak (register loop) {peak:.1} GFLOP/s, \
          packed GEMM 256^3 in cache {gemm_peak:.1} GFLOP/s ({:.0}% of FMA peak)",
-        rayon_threads(),
+        threads.unwrap_or_else(rayon_threads),
         100.0 * gemm_peak / peak
     );
     eprintln!(

@@ -27,10 +27,11 @@
 //! activations. The OS must grant the tile state first
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` on Linux), and a
 //! thread configures the palette with `ldtilecfg` before its first tile
-//! instruction. None of the machines rlx is measured on reports AMX, so no
-//! kernel uses it yet: [`CpuFeatures::amx_bf16`] and
+//! instruction. The 16-core Xeon of the GPU machine reports both (and
+//! AVX512-BF16/FP16/VNNI), the dev machines (Zen 3/4) report neither; no
+//! kernel uses AMX yet: [`CpuFeatures::amx_bf16`] and
 //! [`CpuFeatures::amx_int8`] only report it (`rlx bench --profile` prints
-//! them), and the design above is where such a kernel would go.
+//! //! them), and the design above is where such a kernel would go.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;

@@ -16,4 +16,4 @@ pub mod peak;
 pub use executor::{CpuModel, CpuOptions, ProfileEntry};
 pub use fused::{FusedCompiler, FusedPlan};
 pub use isa::{CpuFeatures, Isa};
-pub use peak::{measure_fma_peak, measure_gemm_peak};
+pub use peak::{measure_fma_peak, measure_gemm_peak, measure_peaks};

@@ -61,6 +61,17 @@ pub fn measure_gemm_peak(millis: u64) -> f64 {
     reps as f64 * 2.0 * (N * N * N) as f64 / secs / 1e9
 }
 
+/// [`measure_fma_peak`] and [`measure_gemm_peak`] on `threads` threads
+/// (a pool of that size; `None`: the current pool), as a model compiled
+/// with that many threads runs: `(fma, gemm)` GFLOP/s.
+pub fn measure_peaks(millis: u64, threads: Option<usize>) -> (f64, f64) {
+    let both = || (measure_fma_peak(millis), measure_gemm_peak(millis));
+    match threads.map(|t| rayon::ThreadPoolBuilder::new().num_threads(t).build()) {
+        Some(Ok(pool)) => pool.install(both),
+        _ => both(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -526,7 +526,7 @@ impl Job<'_> {
     /// Rows of the tallest micro-tile of this ISA.
     fn tile_max_rows(&self) -> usize {
         if self.isa == Isa::Avx512 {
-            avx512::MR
+            avx512::mr()
         } else {
             MR
         }
@@ -569,7 +569,7 @@ impl Job<'_> {
         let cols = (2 * NR).min(self.n - panel * NR);
         let mut r = r0;
         while r < r1 {
-            let rows = tile_rows(r1 - r, avx512::MR);
+            let rows = tile_rows(r1 - r, avx512::mr());
             let ap = self.a.as_ptr().add(r * self.lda + pc);
             let cp = c.0.add(r * self.ldc + panel * NR);
             table[rows - 1](kc, ap, self.lda, b0, b1, cp, self.ldc, cols, accumulate);
@@ -601,8 +601,8 @@ impl Job<'_> {
                 Panel::F16(b) => (b.as_ptr().cast::<u8>(), true),
             };
             let f = match (self.isa, f16) {
-                (Isa::Avx512, false) => Some(avx512::TILE[rows.clamp(1, avx512::MR) - 1]),
-                (Isa::Avx512, true) => Some(avx512::TILE_F16[rows.clamp(1, avx512::MR) - 1]),
+                (Isa::Avx512, false) => Some(avx512::TILE[rows.clamp(1, avx512::MAX_MR) - 1]),
+                (Isa::Avx512, true) => Some(avx512::TILE_F16[rows.clamp(1, avx512::MAX_MR) - 1]),
                 (Isa::Avx2, false) => Some(avx2::TILE[rows.clamp(1, MR) - 1]),
                 (Isa::Avx2, true) => Some(avx2::TILE_F16[rows.clamp(1, MR) - 1]),
                 (Isa::Portable, _) => None,
@@ -820,8 +820,31 @@ mod avx512 {
     use super::NR;
     use std::arch::x86_64::*;
 
-    /// Rows of the tallest AVX-512 micro-tile.
-    pub const MR: usize = 8;
+    /// Rows of the tallest AVX-512 micro-tile the tables hold.
+    pub const MAX_MR: usize = 14;
+
+    /// Rows of the tallest AVX-512 micro-tile used: 12 (24 accumulators,
+    /// two panel rows and a broadcast in the 32 zmm registers), or
+    /// `RLX_AVX512_MR` (1..=14) for A/B runs.
+    pub fn mr() -> usize {
+        static MR: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *MR.get_or_init(|| {
+            std::env::var("RLX_AVX512_MR")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .map_or(12, |v| v.clamp(1, MAX_MR))
+        })
+    }
+
+    /// `[f::<1>, ..., f::<14>]`.
+    macro_rules! by_rows {
+        ($f:ident) => {
+            [
+                $f::<1>, $f::<2>, $f::<3>, $f::<4>, $f::<5>, $f::<6>, $f::<7>, $f::<8>, $f::<9>,
+                $f::<10>, $f::<11>, $f::<12>, $f::<13>, $f::<14>,
+            ]
+        };
+    }
 
     /// A pair micro-kernel: `(kc, ap, lda, b0, b1, cp, ldc, cols,
     /// accumulate)`, `b0`/`b1` the two panels' rows.
@@ -920,39 +943,14 @@ mod avx512 {
         "f16 panel rows (32 bytes per k step, widened as loaded)"
     );
 
-    /// [`pair`] for 1..=MR rows.
-    pub const PAIR: [Pair; MR] = [
-        pair::<1>, pair::<2>, pair::<3>, pair::<4>, pair::<5>, pair::<6>, pair::<7>, pair::<8>,
-    ];
-
-    /// [`pair_f16`] for 1..=MR rows.
-    pub const PAIR_F16: [Pair; MR] = [
-        pair_f16::<1>,
-        pair_f16::<2>,
-        pair_f16::<3>,
-        pair_f16::<4>,
-        pair_f16::<5>,
-        pair_f16::<6>,
-        pair_f16::<7>,
-        pair_f16::<8>,
-    ];
-
-    /// [`one`] for 1..=MR rows.
-    pub const TILE: [super::avx2::Tile; MR] = [
-        one::<1>, one::<2>, one::<3>, one::<4>, one::<5>, one::<6>, one::<7>, one::<8>,
-    ];
-
-    /// [`one_f16`] for 1..=MR rows.
-    pub const TILE_F16: [super::avx2::Tile; MR] = [
-        one_f16::<1>,
-        one_f16::<2>,
-        one_f16::<3>,
-        one_f16::<4>,
-        one_f16::<5>,
-        one_f16::<6>,
-        one_f16::<7>,
-        one_f16::<8>,
-    ];
+    /// [`pair`] for 1..=MAX_MR rows.
+    pub const PAIR: [Pair; MAX_MR] = by_rows!(pair);
+    /// [`pair_f16`] for 1..=MAX_MR rows.
+    pub const PAIR_F16: [Pair; MAX_MR] = by_rows!(pair_f16);
+    /// [`one`] for 1..=MAX_MR rows.
+    pub const TILE: [super::avx2::Tile; MAX_MR] = by_rows!(one);
+    /// [`one_f16`] for 1..=MAX_MR rows.
+    pub const TILE_F16: [super::avx2::Tile; MAX_MR] = by_rows!(one_f16);
 
     /// Write (or add) the first `cols <= 16` lanes of `v` at `c`.
     ///
