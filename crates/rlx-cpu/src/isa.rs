@@ -31,7 +31,7 @@
 //! AVX512-BF16/FP16/VNNI), the dev machines (Zen 3/4) report neither; no
 //! kernel uses AMX yet: [`CpuFeatures::amx_bf16`] and
 //! [`CpuFeatures::amx_int8`] only report it (`rlx bench --profile` prints
-//! //! them), and the design above is where such a kernel would go.
+//! them), and the design above is where such a kernel would go.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
