@@ -48,9 +48,13 @@ SHAPES = [(1, 16), (1, 128), (8, 128), (32, 128)]
 MODES = ["thunks", "hybrid", "hybrid-f16w"]
 # `rlx bench` flags per mode: hybrid-f16w is hybrid with the opt-in f16
 # weight storage (`--f16-weights`: embeddings within 1e-4 of the fp32
-# reference, see crates/rlx-models/tests/minilm_parity.rs).
+# reference, see crates/rlx-models/tests/minilm_parity.rs); hybrid-bf16 runs
+# the matmuls in bf16 with f32 accumulation (`--precision bf16`: cosine >=
+# 0.9999 to the reference; AVX512-BF16 where the CPU has it). Not in the
+# default MODES: pass `--modes thunks,hybrid,hybrid-bf16`.
 MODE_FLAGS = {"thunks": ["--mode", "thunks"], "hybrid": ["--mode", "hybrid"],
-              "hybrid-f16w": ["--mode", "hybrid", "--f16-weights"]}
+              "hybrid-f16w": ["--mode", "hybrid", "--f16-weights"],
+              "hybrid-bf16": ["--mode", "hybrid", "--precision", "bf16"]}
 TOL = 1e-4
 
 HIDDEN = 384
@@ -491,8 +495,10 @@ def plot(result: dict, path: Path) -> None:
     shapes = list(dict.fromkeys(r["shape"] for r in result["rows"]))
     modes = list(dict.fromkeys(r["mode"] for r in result["rows"]))
     by = {(r["shape"], r["mode"]): r for r in result["rows"]}
-    names = {"thunks": "rlx thunks", "hybrid": "rlx hybrid", "hybrid-f16w": "rlx hybrid, f16 weights"}
-    colors = {"ONNX Runtime": "tab:gray", "thunks": "tab:blue", "hybrid": "tab:orange", "hybrid-f16w": "tab:green"}
+    names = {"thunks": "rlx thunks", "hybrid": "rlx hybrid", "hybrid-f16w": "rlx hybrid, f16 weights",
+             "hybrid-bf16": "rlx hybrid, bf16 matmuls"}
+    colors = {"ONNX Runtime": "tab:gray", "thunks": "tab:blue", "hybrid": "tab:orange", "hybrid-f16w": "tab:green",
+              "hybrid-bf16": "tab:purple"}
     x = np.arange(len(shapes))
     fig, (ax, axr) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=120)
 

@@ -43,7 +43,8 @@ pub struct BenchArgs {
     /// Where to run (`cuda` needs a build with `--features cuda`).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
-    /// Arithmetic: f32, or on CUDA also tf32, bf16, f16 (16-bit weights and
+    /// Arithmetic: f32 or bf16 (on the CPU: bf16 matmul operands, f32
+    /// accumulation), on CUDA also tf32 and f16 (16-bit weights and
     /// activations, f32 accumulation).
     #[arg(long, default_value = "f32")]
     precision: rlx::Precision,
@@ -67,12 +68,13 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         #[cfg(not(feature = "cuda"))]
         return Err("--device cuda: the CUDA backend is not part of this build".into());
     }
-    if a.precision != rlx::Precision::F32 {
+    if !matches!(a.precision, rlx::Precision::F32 | rlx::Precision::Bf16) {
         return Err(format!(
-            "--precision {}: the CPU backend runs f32 only (use --device cuda)",
+            "--precision {}: the CPU backend runs f32 or bf16 (use --device cuda)",
             a.precision
         ));
     }
+    let bf16 = a.precision == rlx::Precision::Bf16;
     let mut synthetic;
     let mut loaded;
     let model: &mut CpuModel = match dir {
@@ -84,6 +86,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                     hybrid,
                     threads: a.threads,
                     f16_weights: a.f16_weights,
+                    bf16,
                     ..Default::default()
                 },
             )
@@ -106,6 +109,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                     threads: a.threads,
                     optimize: true,
                     f16_weights: a.f16_weights,
+                    bf16,
                 },
             )
             .map_err(|e| e.to_string())?;
@@ -318,7 +322,7 @@ mod cuda {
                     hybrid: false,
                     threads: None,
                     optimize: false,
-                    f16_weights: false,
+                    ..Default::default()
                 };
                 let mut emb = SentenceEmbedder::load_with(dir, opts).map_err(|e| e.to_string())?;
                 let cpu = emb.model_for(1, 1, false).map_err(|e| e.to_string())?;

@@ -69,6 +69,9 @@ pub struct EmbedOptions {
     /// faster where weight bytes dominate (short inputs), embeddings within
     /// ~1e-4 of the f32 ones.
     pub f16_weights: bool,
+    /// CPU: matmuls in bf16 with f32 accumulation (see `CpuOptions::bf16`);
+    /// fastest on CPUs with AVX512-BF16.
+    pub bf16: bool,
 }
 
 impl Default for EmbedOptions {
@@ -78,6 +81,7 @@ impl Default for EmbedOptions {
             threads: None,
             optimize: true,
             f16_weights: false,
+            bf16: false,
         }
     }
 }
@@ -285,6 +289,7 @@ impl SentenceEmbedder {
                     hybrid: self.opts.hybrid,
                     threads: self.opts.threads,
                     f16_weights: self.opts.f16_weights,
+                    bf16: self.opts.bf16,
                     ..Default::default()
                 },
             )?;

@@ -145,6 +145,45 @@ fn minilm_with_f16_weights_stays_within_1e_3() {
     }
 }
 
+/// Opt-in bf16 matmuls (`EmbedOptions::bf16`: weights and the activations
+/// they multiply rounded to bf16, f32 accumulation; AVX512-BF16 where the
+/// CPU has it, the portable kernel in the same order elsewhere): every
+/// sentence keeps a cosine >= 0.9999 to the PyTorch reference, in thunks
+/// and hybrid mode, and the embeddings really move (the bf16 path is taken).
+#[test]
+fn minilm_in_bf16_keeps_cosine_0_9999() {
+    let Some(dir) = model_dir() else {
+        println!("skipped: model not fetched (run python3 scripts/fetch_models.py minilm)");
+        return;
+    };
+    let cases = cases();
+    let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
+    let f32_emb = SentenceEmbedder::load(&dir).unwrap().embed(&texts).unwrap();
+    for hybrid in [false, true] {
+        let opts = EmbedOptions {
+            hybrid,
+            bf16: true,
+            ..Default::default()
+        };
+        let got = SentenceEmbedder::load_with(&dir, opts)
+            .unwrap()
+            .embed(&texts)
+            .unwrap();
+        let mut worst = 1f32;
+        let mut moved = 0f32;
+        for ((c, g), f) in cases.iter().zip(&got).zip(&f32_emb) {
+            let cos: f32 = g.iter().zip(&c.emb).map(|(a, b)| a * b).sum();
+            worst = worst.min(cos);
+            assert!(cos >= 0.9999, "hybrid={hybrid} {:?}: cosine {cos}", c.text);
+            for (a, x) in g.iter().zip(f) {
+                moved = moved.max((a - x).abs());
+            }
+        }
+        assert!(moved > 1e-5, "hybrid={hybrid}: bf16 changed nothing");
+        println!("hybrid={hybrid}: worst cosine {worst} (f32 vs bf16 max abs {moved:e})");
+    }
+}
+
 #[test]
 fn bad_model_directories_are_clear_errors() {
     let tmp = std::env::temp_dir().join(format!("rlx-bad-model-{}", std::process::id()));

@@ -109,8 +109,10 @@ impl Session {
     /// store matmul weights and intermediate activations in 16 bits and run
     /// matmuls on tensor cores with f32 accumulation; `Tf32` keeps f32
     /// storage and rounds matmul inputs to TF32. Inputs and outputs stay
-    /// f32. Only the CUDA backend offers more than f32: compiling for the
-    /// CPU at another precision is an [`Error::Device`].
+    /// f32. On the CPU, `Bf16` rounds matmul weights and the activations
+    /// they multiply to bf16 and accumulates in f32 (AVX512-BF16 where
+    /// present; see `CpuOptions::bf16`); everything else stays f32. `F16`
+    /// and `Tf32` on the CPU are an [`Error::Device`].
     pub fn precision(mut self, precision: Precision) -> Self {
         self.precision = precision;
         self
@@ -135,9 +137,9 @@ impl Session {
     pub fn compile(&self, graph: Graph) -> Result<CompiledModel, Error> {
         graph.verify()?;
         let exec: Box<dyn Executable> = match self.device {
-            Device::Cpu if self.precision != Precision::F32 => {
+            Device::Cpu if !matches!(self.precision, Precision::F32 | Precision::Bf16) => {
                 return Err(Error::Device(format!(
-                    "cpu: precision {} is not supported (f32 only)",
+                    "cpu: precision {} is not supported (f32, or bf16 matmuls)",
                     self.precision
                 )))
             }
@@ -149,6 +151,7 @@ impl Session {
                     threads: self.threads,
                     poison_freed: self.poison,
                     f16_weights: self.f16_weights,
+                    bf16: self.precision == Precision::Bf16,
                 },
             )?),
             #[cfg(feature = "cuda")]

@@ -129,7 +129,7 @@ fn minilm_half_precisions_match_pytorch_on_cuda() {
         hybrid: false,
         threads: None,
         optimize: false,
-        f16_weights: false,
+        ..Default::default()
     };
     let mut emb = SentenceEmbedder::load_with(&dir, opts).unwrap();
     let cfg = emb.config().clone();

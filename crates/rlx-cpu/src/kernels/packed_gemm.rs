@@ -50,6 +50,13 @@ struct PanelRow([f32; NR]);
 #[repr(C, align(32))]
 struct PanelRowF16([u16; NR]);
 
+/// Two consecutive rows (`k` and `k + 1`) of one panel as bf16, interleaved
+/// per column (`[2j] = B[k, j]`, `[2j + 1] = B[k + 1, j]`): the operand
+/// layout of `vdpbf16ps`. One cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct PanelPairBf16([u16; 2 * NR]);
+
 /// A `[k, n]` right-hand side packed for [`gemm_packed`].
 #[derive(Clone)]
 pub struct PackedB {
@@ -60,6 +67,10 @@ pub struct PackedB {
     rows: Vec<PanelRow>,
     /// The same layout in f16 (see [`PackedB::to_f16`]); empty for f32.
     half: Vec<PanelRowF16>,
+    /// Row pairs in bf16 (see [`PackedB::to_bf16`]):
+    /// `pairs[panel * k.div_ceil(2) + q]` holds rows `2q, 2q + 1` (a zero
+    /// row past `k`). Empty unless the packing is bf16.
+    pairs: Vec<PanelPairBf16>,
 }
 
 impl std::fmt::Debug for PackedB {
@@ -101,6 +112,7 @@ impl PackedB {
         self.k = k;
         self.n = n;
         self.half.clear();
+        self.pairs.clear();
         // Every lane below n is written below; only the last panel's pad
         // lanes need zeros (the old contents are not cleared: attention
         // repacks per head).
@@ -147,6 +159,7 @@ impl PackedB {
             n: 0,
             rows: Vec::new(),
             half: Vec::new(),
+            pairs: Vec::new(),
         }
     }
 
@@ -168,7 +181,57 @@ impl PackedB {
             n: self.n,
             rows: Vec::new(),
             half,
+            pairs: Vec::new(),
         }
+    }
+
+    /// The same matrix in bf16 for [`gemm_packed`]'s bf16 mode: every
+    /// weight rounded to bf16 (nearest even, subnormals to zero: what
+    /// `vcvtneps2bf16` does), and the activations multiplied with it are
+    /// rounded the same way per call. Products are exact in f32 and
+    /// accumulate in f32 in `vdpbf16ps`'s order (see [`bf16_bits`] and
+    /// `Job::block_bf16`). Half the f32 bytes. Made from an f32 packing (an
+    /// f16 one is widened first).
+    pub fn to_bf16(&self) -> PackedB {
+        if self.is_bf16() {
+            return self.clone();
+        }
+        let (k, kp, panels) = (self.k, self.k.div_ceil(2), self.n.div_ceil(NR));
+        let row = |panel: usize, p: usize| -> [f32; NR] {
+            if p >= k {
+                [0.0; NR]
+            } else if self.is_f16() {
+                self.half[panel * k + p]
+                    .0
+                    .map(|h| half::f16::from_bits(h).to_f32())
+            } else {
+                self.rows[panel * k + p].0
+            }
+        };
+        let mut pairs = Vec::with_capacity(panels * kp);
+        for panel in 0..panels {
+            for q in 0..kp {
+                let (lo, hi) = (row(panel, 2 * q), row(panel, 2 * q + 1));
+                let mut pair = [0u16; 2 * NR];
+                for j in 0..NR {
+                    pair[2 * j] = bf16_bits(lo[j]);
+                    pair[2 * j + 1] = bf16_bits(hi[j]);
+                }
+                pairs.push(PanelPairBf16(pair));
+            }
+        }
+        PackedB {
+            k,
+            n: self.n,
+            rows: Vec::new(),
+            half: Vec::new(),
+            pairs,
+        }
+    }
+
+    /// Whether the panels are stored as bf16 row pairs.
+    pub fn is_bf16(&self) -> bool {
+        !self.pairs.is_empty()
     }
 
     /// Whether the panels are stored as f16.
@@ -190,6 +253,7 @@ impl PackedB {
     pub fn bytes(&self) -> usize {
         self.rows.len() * std::mem::size_of::<PanelRow>()
             + self.half.len() * std::mem::size_of::<PanelRowF16>()
+            + self.pairs.len() * std::mem::size_of::<PanelPairBf16>()
     }
 
     /// Rows `p0..p0 + len` of one panel (f32 or f16 storage).
@@ -372,6 +436,12 @@ pub fn gemm_packed_window(
     c: &mut [f32],
     ldc: usize,
 ) -> Result<(), KernelError> {
+    if b.is_bf16() {
+        return Err(bad_shape(
+            OP,
+            "a bf16 packing is multiplied whole (gemm_packed), not by windows",
+        ));
+    }
     if k0 > k1 || k1 > b.k || col0 % NR != 0 || col0 + cols > b.n {
         return Err(bad_shape(
             OP,
@@ -463,6 +533,11 @@ impl Job<'_> {
             self.epilogue(c, r0, r1, p0, p1);
             return;
         }
+        if self.b.is_bf16() {
+            self.block_bf16(c, r0, r1, p0, p1);
+            self.epilogue(c, r0, r1, p0, p1);
+            return;
+        }
         // K blocks of near-equal depth (no thin last block); a depth up to
         // 1.5 KC stays one block.
         let blocks = if k <= KC * 3 / 2 { 1 } else { k.div_ceil(KC) };
@@ -521,6 +596,75 @@ impl Job<'_> {
                 apply_activation(act, row);
             }
         }
+    }
+
+    /// [`Job::block`] against bf16 row pairs. Per K block, the rows'
+    /// activations are rounded to bf16 once ([`bf16_bits`]) into a
+    /// thread-local buffer of pairs, which every panel of the task reads.
+    /// Per output element and row pair `(2q, 2q + 1)`, pairs ascending:
+    /// `acc += a[2q+1] b[2q+1]`, then `acc += a[2q] b[2q]`, each product
+    /// exact in f32 and each sum rounded once: `vdpbf16ps`'s definition
+    /// (Intel SDM), which the portable kernel follows, so the two agree bit
+    /// for bit except where a sum is subnormal (the instruction flushes it).
+    ///
+    /// # Safety
+    /// As for [`Job::block`]; `self.k0 == 0` and `self.pan0 == 0` (only
+    /// [`gemm_packed_with`] builds bf16 jobs).
+    unsafe fn block_bf16(&self, c: SharedC, r0: usize, r1: usize, p0: usize, p1: usize) {
+        let (k, kp) = (self.k, self.k.div_ceil(2));
+        let blocks = if kp <= KC * 3 / 4 {
+            1
+        } else {
+            kp.div_ceil(KC / 2)
+        };
+        let step = kp.div_ceil(blocks);
+        let rows = r1 - r0;
+        #[cfg(target_arch = "x86_64")]
+        let bf16_hw = self.isa == Isa::Avx512 && crate::isa::CpuFeatures::get().avx512bf16;
+        #[cfg(not(target_arch = "x86_64"))]
+        let bf16_hw = false;
+        A_PAIRS.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            let mut pc = 0;
+            while pc < kp {
+                let kc2 = step.min(kp - pc);
+                buf.clear();
+                buf.resize(rows * kc2, 0);
+                for (r, dst) in buf.chunks_exact_mut(kc2).enumerate() {
+                    let a = &self.a[(r0 + r) * self.lda..];
+                    let (e0, e1) = (2 * pc, (2 * (pc + kc2)).min(k));
+                    round_pairs(&a[e0..e1], dst);
+                }
+                let mut panel = p0;
+                while panel < p1 {
+                    let two = panel + 1 < p1;
+                    let cols = (if two { 2 * NR } else { NR }).min(self.n - panel * NR);
+                    let b0 = self.b.pairs[panel * kp + pc..].as_ptr().cast::<u16>();
+                    let b1 = if two {
+                        self.b.pairs[(panel + 1) * kp + pc..].as_ptr().cast::<u16>()
+                    } else {
+                        b0
+                    };
+                    let mut r = 0;
+                    while r < rows {
+                        let tr = tile_rows(rows - r, BF16_MR);
+                        let ap = buf.as_ptr().add(r * kc2);
+                        let cp = c.0.add((r0 + r) * self.ldc + panel * NR);
+                        let acc = pc > 0;
+                        #[cfg(target_arch = "x86_64")]
+                        if bf16_hw {
+                            avx512bf16::TILE[tr - 1](kc2, ap, kc2, b0, b1, cp, self.ldc, cols, acc);
+                            r += tr;
+                            continue;
+                        }
+                        bf16_tile(tr, kc2, ap, kc2, b0, b1, cp, self.ldc, cols, acc);
+                        r += tr;
+                    }
+                    panel += if two { 2 } else { 1 };
+                }
+                pc += kc2;
+            }
+        });
     }
 
     /// Rows of the tallest micro-tile of this ISA.
@@ -672,6 +816,96 @@ unsafe fn scalar_tile<T>(
             let dst = crow.add(j);
             *dst = if accumulate { *dst + x } else { *x };
         }
+    }
+}
+
+/// Rows of the tallest bf16 micro-tile (`R x 32`: 2R accumulators).
+const BF16_MR: usize = 12;
+
+thread_local! {
+    /// Per-thread buffer of activation row pairs in bf16 (bf16 jobs).
+    static A_PAIRS: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Round `a` (at most `2 * dst.len()` floats) to bf16 pairs: `dst[q]` holds
+/// `a[2q]` in its low and `a[2q + 1]` in its high half (zero past the end).
+fn round_pairs(a: &[f32], dst: &mut [u32]) {
+    let mut it = a.chunks_exact(2);
+    for (d, p) in dst.iter_mut().zip(&mut it) {
+        *d = u32::from(bf16_bits(p[0])) | u32::from(bf16_bits(p[1])) << 16;
+    }
+    if let [last] = it.remainder() {
+        dst[a.len() / 2] = u32::from(bf16_bits(*last));
+    }
+}
+
+/// Portable bf16 micro-kernel (`rows x cols`, `cols <= 32` over the panels
+/// at `b0` and `b1`), in the order of [`Job::block_bf16`].
+///
+/// # Safety
+/// `ap` addresses `rows` rows of `kc2` pairs with stride `lda2`; `b0` (and
+/// `b1` when `cols > 16`) hold `kc2` panel pairs; `cp` addresses `rows` rows
+/// of `cols` floats with stride `ldc`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn bf16_tile(
+    rows: usize,
+    kc2: usize,
+    ap: *const u32,
+    lda2: usize,
+    b0: *const u16,
+    b1: *const u16,
+    cp: *mut f32,
+    ldc: usize,
+    cols: usize,
+    accumulate: bool,
+) {
+    let panels = if cols > NR { 2 } else { 1 };
+    let b0 = std::slice::from_raw_parts(b0, kc2 * 2 * NR);
+    let b1 = std::slice::from_raw_parts(b1, kc2 * 2 * NR);
+    let mut acc = [0f32; 2 * NR];
+    for r in 0..rows {
+        let a = std::slice::from_raw_parts(ap.add(r * lda2), kc2);
+        bf16_row(a, b0, b1, panels, &mut acc);
+        let crow = cp.add(r * ldc);
+        for (j, x) in acc.iter().enumerate().take(cols) {
+            let dst = crow.add(j);
+            *dst = if accumulate { *dst + x } else { *x };
+        }
+    }
+}
+
+super::simd::simd_dispatch! {
+    /// One output row of [`bf16_tile`] into `acc` (`16 * panels` values).
+    /// Plain multiplies and adds (each product is exact in f32), so every
+    /// compiled copy gives the same bits.
+    fn bf16_row(a: &[u32], b0: &[u16], b1: &[u16], panels: usize, acc: &mut [f32; 2 * NR]) {
+        let wide = |h: u16| f32::from_bits(u32::from(h) << 16);
+        *acc = [0.0; 2 * NR];
+        for (h, b) in [b0, b1].into_iter().enumerate().take(panels) {
+            let out: &mut [f32; NR] = (&mut acc[h * NR..(h + 1) * NR]).try_into().unwrap();
+            for (&ap, pair) in a.iter().zip(b.chunks_exact(2 * NR)) {
+                let (lo, hi) = (wide(ap as u16), wide((ap >> 16) as u16));
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o += hi * wide(pair[2 * j + 1]);
+                    *o += lo * wide(pair[2 * j]);
+                }
+            }
+        }
+    }
+}
+
+/// `x` rounded to bf16 (the upper 16 bits of an f32): nearest even,
+/// subnormal inputs to signed zero, NaN stays NaN (quiet). The rounding of
+/// `vcvtneps2bf16`, written so that LLVM vectorizes it.
+#[inline(always)]
+pub fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        ((b >> 16) | 0x40) as u16
+    } else if b & 0x7f80_0000 == 0 {
+        ((b >> 16) & 0x8000) as u16
+    } else {
+        ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
     }
 }
 
@@ -957,7 +1191,7 @@ mod avx512 {
     /// # Safety
     /// `c` addresses `cols` floats; AVX-512F is enabled in the caller.
     #[inline(always)]
-    unsafe fn store(v: __m512, c: *mut f32, cols: usize, accumulate: bool) {
+    pub(super) unsafe fn store(v: __m512, c: *mut f32, cols: usize, accumulate: bool) {
         let mask: __mmask16 = if cols >= NR {
             0xffff
         } else {
@@ -970,6 +1204,73 @@ mod avx512 {
         };
         _mm512_mask_storeu_ps(c, mask, v);
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512bf16 {
+    use super::avx512::store;
+    use super::NR;
+    use std::arch::x86_64::*;
+
+    /// A bf16 micro-kernel: `(kc2, ap, lda2, b0, b1, cp, ldc, cols,
+    /// accumulate)` as [`super::bf16_tile`].
+    pub type Tile =
+        unsafe fn(usize, *const u32, usize, *const u16, *const u16, *mut f32, usize, usize, bool);
+
+    /// `R x 32` tile (`R x 16` when `cols <= 16`): one `vdpbf16ps` per row
+    /// and panel per row pair.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F/BW/VL and BF16, and the pointers satisfy
+    /// [`super::bf16_tile`]'s contract.
+    #[target_feature(enable = "avx512bf16,avx512f,avx512bw,avx512vl,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn tile<const R: usize>(
+        kc2: usize,
+        ap: *const u32,
+        lda2: usize,
+        b0: *const u16,
+        b1: *const u16,
+        cp: *mut f32,
+        ldc: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        let two = cols > NR;
+        for q in 0..kc2 {
+            let v0: __m512bh = std::mem::transmute(_mm512_load_si512(b0.add(q * 2 * NR).cast()));
+            if two {
+                let v1: __m512bh =
+                    std::mem::transmute(_mm512_load_si512(b1.add(q * 2 * NR).cast()));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let av: __m512bh =
+                        std::mem::transmute(_mm512_set1_epi32(*ap.add(r * lda2 + q) as i32));
+                    a[0] = _mm512_dpbf16_ps(a[0], av, v0);
+                    a[1] = _mm512_dpbf16_ps(a[1], av, v1);
+                }
+            } else {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let av: __m512bh =
+                        std::mem::transmute(_mm512_set1_epi32(*ap.add(r * lda2 + q) as i32));
+                    a[0] = _mm512_dpbf16_ps(a[0], av, v0);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            let c = cp.add(r * ldc);
+            store(a[0], c, cols.min(NR), accumulate);
+            if two {
+                store(a[1], c.add(NR), cols - NR, accumulate);
+            }
+        }
+    }
+
+    /// [`tile`] for 1..=12 rows.
+    pub const TILE: [Tile; super::BF16_MR] = [
+        tile::<1>, tile::<2>, tile::<3>, tile::<4>, tile::<5>, tile::<6>, tile::<7>, tile::<8>,
+        tile::<9>, tile::<10>, tile::<11>, tile::<12>,
+    ];
 }
 
 #[cfg(test)]
@@ -1151,6 +1452,72 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn bf16_packing_multiplies_the_rounded_operands_on_every_isa() {
+        let round = |x: f32| f32::from_bits(u32::from(bf16_bits(x)) << 16);
+        assert_eq!(bf16_bits(1.0), 0x3f80);
+        assert_eq!(bf16_bits(-2.5), 0xc020);
+        // Ties to even: 1 + 2^-8 is halfway between 1 and 1 + 2^-7.
+        assert_eq!(bf16_bits(f32::from_bits(0x3f80_8000)), 0x3f80);
+        assert_eq!(bf16_bits(f32::from_bits(0x3f81_8000)), 0x3f82);
+        assert_eq!(bf16_bits(f32::MAX), 0x7f80, "rounds up to infinity");
+        assert_eq!(bf16_bits(1e-40), 0, "subnormals flush");
+        assert_eq!(bf16_bits(-1e-40), 0x8000);
+        assert!(round(f32::NAN).is_nan());
+        // Odd k (a zero pad row), odd panel counts, ragged columns, tile
+        // heights around 12, several K blocks.
+        for &(m, k, n) in &[(1, 7, 17), (13, 33, 48), (29, 385, 70), (64, 1536, 40)] {
+            let a = fill(m * k, 21);
+            let b = fill(k * n, 22);
+            let bias = fill(n, 23);
+            let packed = PackedB::pack(&b, k, n, n).unwrap().to_bf16();
+            assert!(packed.is_bf16() && packed.k() == k && packed.n() == n);
+            assert_eq!(packed.bytes(), n.div_ceil(NR) * k.div_ceil(2) * 64);
+            let ar: Vec<f32> = a.iter().map(|&x| round(x)).collect();
+            let br: Vec<f32> = b.iter().map(|&x| round(x)).collect();
+            let want = naive(m, k, n, &ar, k, &br);
+            let mut outs = Vec::new();
+            for isa in Isa::available() {
+                for parallel in [false, true] {
+                    let mut c = vec![f32::NAN; m * n];
+                    let act = Some(Activation::Relu);
+                    gemm_packed_with(
+                        isa,
+                        m,
+                        &a,
+                        k,
+                        &packed,
+                        &mut c,
+                        n,
+                        Some(&bias),
+                        act,
+                        parallel,
+                    )
+                    .unwrap();
+                    for (i, (&got, &w)) in c.iter().zip(&want).enumerate() {
+                        let w = (w + bias[i % n] as f64).max(0.0);
+                        assert!(
+                            (got as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()) * (k as f64).sqrt(),
+                            "{isa} m{m} k{k} n{n} at {i}: {got} vs {w}"
+                        );
+                    }
+                    outs.push((isa, c));
+                }
+            }
+            // vdpbf16ps and the portable kernel add in the same order.
+            for (isa, c) in &outs {
+                assert!(
+                    c == &outs[0].1,
+                    "{isa} m{m} k{k} n{n}: bits differ from portable"
+                );
+            }
+        }
+        let packed = PackedB::pack(&fill(12, 1), 3, 4, 4).unwrap().to_bf16();
+        let mut c = vec![0f32; 8];
+        let window = gemm_packed_window(2, &[0.0; 6], 3, &packed, (0, 3), (0, 4), &mut c, 4);
+        assert!(window.is_err(), "windows of a bf16 packing are refused");
     }
 
     #[test]
