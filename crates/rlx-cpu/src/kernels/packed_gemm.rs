@@ -885,9 +885,20 @@ super::simd::simd_dispatch! {
             let out: &mut [f32; NR] = (&mut acc[h * NR..(h + 1) * NR]).try_into().unwrap();
             for (&ap, pair) in a.iter().zip(b.chunks_exact(2 * NR)) {
                 let (lo, hi) = (wide(ap as u16), wide((ap >> 16) as u16));
-                for (j, o) in out.iter_mut().enumerate() {
-                    *o += hi * wide(pair[2 * j + 1]);
-                    *o += lo * wide(pair[2 * j]);
+                let Ok(pair) = <&[u16; 2 * NR]>::try_from(pair) else {
+                    continue;
+                };
+                // Split the interleaved pair first: the lane loops below
+                // then vectorize.
+                let mut even = [0f32; NR];
+                let mut odd = [0f32; NR];
+                for j in 0..NR {
+                    even[j] = wide(pair[2 * j]);
+                    odd[j] = wide(pair[2 * j + 1]);
+                }
+                for j in 0..NR {
+                    out[j] += hi * odd[j];
+                    out[j] += lo * even[j];
                 }
             }
         }
