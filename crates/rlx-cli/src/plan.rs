@@ -65,19 +65,37 @@ struct Planned {
 }
 
 fn plan_cpu(g: &rlx::ir::Graph, a: &PlanArgs) -> Result<Planned, String> {
-    if a.precision != rlx::Precision::F32 {
+    if !matches!(a.precision, rlx::Precision::F32 | rlx::Precision::Bf16) {
         return Err(format!(
-            "--precision {}: the CPU backend runs f32 only (use --device cuda)",
+            "--precision {}: the CPU backend runs f32 or bf16 (use --device cuda)",
             a.precision
         ));
     }
     let model = compile(g, a.mode == Mode::Hybrid)?;
+    let isa = rlx::cpu::Isa::active();
+    let bf16_hw = rlx::cpu::CpuFeatures::get().avx512bf16 && isa == rlx::cpu::Isa::Avx512;
+    let mut lines = vec![format!(
+        "cpu kernels: {isa} on {} threads{}",
+        rayon_threads(),
+        match a.precision {
+            rlx::Precision::Bf16 if bf16_hw => ", bf16 matmuls with AVX512-BF16",
+            rlx::Precision::Bf16 => ", bf16 matmuls on the portable kernel (no AVX512-BF16 here)",
+            _ => "",
+        }
+    )];
+    for (first, last, layout) in model.segment_layouts() {
+        lines.push(format!("  segment {first}..={last}: {layout}"));
+    }
     Ok(Planned {
         report: model.report().clone(),
         memory: model.memory(),
-        lines: vec![],
-        extra: json!({}),
+        lines,
+        extra: json!({"isa": isa.name()}),
     })
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 #[cfg(feature = "cuda")]

@@ -617,6 +617,31 @@ impl CpuModel {
         Ok(())
     }
 
+    /// For each compiled segment, its first and last node and how its rows
+    /// run on this machine's threads ([`FusedPlan::layout`]).
+    pub fn segment_layouts(&self) -> Vec<(NodeId, NodeId, String)> {
+        let layouts = || {
+            self.core
+                .steps
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Compiled {
+                        segment, lowered, ..
+                    } => Some((
+                        *segment.nodes.first()?,
+                        *segment.nodes.last()?,
+                        lowered.layout(),
+                    )),
+                    Step::Thunks { .. } => None,
+                })
+                .collect()
+        };
+        match &self.pool {
+            Some(pool) => pool.install(layouts),
+            None => layouts(),
+        }
+    }
+
     /// The graph actually executed (param-only nodes replaced by `%static.N` params).
     pub fn graph(&self) -> &Graph {
         &self.core.graph

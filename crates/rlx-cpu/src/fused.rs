@@ -562,6 +562,27 @@ impl FusedPlan {
         })
     }
 
+    /// How the rows run: `"R rows: one chunk, kernels on the pool"`, or `"R
+    /// rows: N chunks of C rows, chunks on the pool"` (each chunk's kernels
+    /// serial, every chunk streaming every weight), or `"..., kernels on the
+    /// pool inside each chunk"` when there are fewer chunks than threads.
+    pub fn layout(&self) -> String {
+        let threads = rayon::current_num_threads();
+        if self.chunks == 1 {
+            format!("{} rows: one chunk, kernels on the pool", self.rows)
+        } else if self.chunks < threads {
+            format!(
+                "{} rows: {} chunks of {} rows, kernels on the pool inside each chunk",
+                self.rows, self.chunks, self.chunk_rows
+            )
+        } else {
+            format!(
+                "{} rows: {} chunks of {} rows, chunks on the pool",
+                self.rows, self.chunks, self.chunk_rows
+            )
+        }
+    }
+
     /// Bytes of scratch memory this plan holds.
     pub fn scratch_bytes(&self) -> usize {
         let sets = self.scratch.lock().map(|s| s.len()).unwrap_or(0);
