@@ -140,14 +140,8 @@ struct GemvCtx<'a> {
     rb: usize,
     /// Σ x over each 32-element block (Q4_1's min term).
     xsum: Vec<f32>,
-    /// Whether the AVX2 + FMA + F16C paths may run.
-    avx2: bool,
-}
-
-/// Whether the AVX2 kernels run now: the CPU has them and
-/// [`Isa::active`] (`RLX_CPU_ISA`) does not ask for the portable ones.
-fn has_avx2() -> bool {
-    Isa::active() >= Isa::Avx2
+    /// Which dot kernels run (one the CPU supports).
+    isa: Isa,
 }
 
 fn gemv(
@@ -159,8 +153,24 @@ fn gemv(
     out: &mut [f32],
     parallel: bool,
 ) -> Result<(), KernelError> {
-    let avx2 = has_avx2();
-    let xsum = if scheme == QuantScheme::Q4_1 && avx2 {
+    gemv_with(Isa::active(), scheme, x, k, w, rb, out, parallel)
+}
+
+/// [`gemv`] with the dot kernels of `isa` (tests compare them); an `isa`
+/// the CPU cannot run falls back to the active one.
+#[allow(clippy::too_many_arguments)]
+fn gemv_with(
+    isa: Isa,
+    scheme: QuantScheme,
+    x: &[f32],
+    k: usize,
+    w: &[u8],
+    rb: usize,
+    out: &mut [f32],
+    parallel: bool,
+) -> Result<(), KernelError> {
+    let isa = if isa.supported() { isa } else { Isa::active() };
+    let xsum = if scheme == QuantScheme::Q4_1 && isa >= Isa::Avx2 {
         x.chunks_exact(32).map(simd::sum).collect()
     } else {
         Vec::new()
@@ -171,7 +181,7 @@ fn gemv(
         k,
         rb,
         xsum,
-        avx2,
+        isa,
     };
     let n = out.len();
     if !parallel {
@@ -187,7 +197,26 @@ fn gemv(
 /// `out[r] = dot(x, dequant(w row r))` for the rows of one chunk.
 fn gemv_rows(ctx: &GemvCtx<'_>, w: &[u8], out: &mut [f32]) -> Result<(), KernelError> {
     #[cfg(target_arch = "x86_64")]
-    if ctx.avx2 {
+    if ctx.isa == Isa::Avx512 {
+        type Dot = unsafe fn(&[u8], &[f32], &[f32]) -> f32;
+        let dot: Option<Dot> = match ctx.scheme {
+            QuantScheme::Q4_1 => Some(x86_512::q4_1_dot),
+            QuantScheme::Q8_0 => Some(x86_512::q8_0_dot),
+            _ => None,
+        };
+        if let Some(dot) = dot {
+            for (o, row) in out.iter_mut().zip(w.chunks_exact(ctx.rb)) {
+                // SAFETY: the active ISA (AVX-512 F/BW/VL/DQ with AVX2, FMA,
+                // F16C) is one the CPU runs. `row` holds k/32 blocks and `x`
+                // and `xsum` hold k and k/32 elements (checked by the
+                // caller: row_bytes(k) == rb, x.len() == k).
+                *o = unsafe { dot(row, ctx.x, &ctx.xsum) };
+            }
+            return Ok(());
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if ctx.isa >= Isa::Avx2 {
         match ctx.scheme {
             QuantScheme::Q4_1 => {
                 for (o, row) in out.iter_mut().zip(w.chunks_exact(ctx.rb)) {
@@ -413,6 +442,92 @@ mod x86 {
     }
 }
 
+/// The f32-activation dot products on AVX-512: one block of 32 is two zmm
+/// registers. Each block's sum `Σ q x` is formed in 16 lanes, then scaled
+/// and accumulated (two accumulators, even and odd blocks), so the additions
+/// group differently from the 8-lane AVX2 kernels: equal within f32
+/// rounding (tests compare both with the exact product).
+#[cfg(target_arch = "x86_64")]
+mod x86_512 {
+    use std::arch::x86_64::*;
+
+    /// Bytes ahead of the current block that the dot kernels prefetch.
+    const PF_DIST: usize = 1024;
+
+    /// One f16 at `p` as f32.
+    #[inline(always)]
+    unsafe fn f16_at(p: *const u8) -> f32 {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+    }
+
+    /// `Σ_b d_b Σ_i q_bi x_bi + m_b xsum_b` over the Q4_1 blocks of `row`.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F/BW/VL/DQ, AVX2, FMA and F16C; `x.len() >= 32 *
+    /// nb` and `xsum.len() >= nb` where `nb = row.len() / 20`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    pub(super) unsafe fn q4_1_dot(row: &[u8], x: &[f32], xsum: &[f32]) -> f32 {
+        let nb = row.len() / 20;
+        debug_assert!(x.len() >= nb * 32 && xsum.len() >= nb);
+        let mask = _mm512_set1_epi32(0x0F);
+        let mut acc = [_mm512_setzero_ps(); 2];
+        let mut macc = 0.0f32;
+        let (rp, xp) = (row.as_ptr(), x.as_ptr());
+        for b in 0..nb {
+            // SAFETY (all reads): block b spans bytes 20b..20b+20 of `row`
+            // and elements 32b..32b+32 of `x`, within bounds by the contract.
+            let blk = rp.add(b * 20);
+            // A hint only: prefetching past the end of `row` is harmless.
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST) as *const i8);
+            // 16 bytes widened to i32: low nibbles are elements 0..16, high
+            // nibbles elements 16..32.
+            let z = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(4) as *const __m128i));
+            let lo = _mm512_cvtepi32_ps(_mm512_and_si512(z, mask));
+            let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(z));
+            let xb = xp.add(b * 32);
+            let t = _mm512_mul_ps(lo, _mm512_loadu_ps(xb));
+            let t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb.add(16)), t);
+            let d = _mm512_set1_ps(f16_at(blk));
+            acc[b % 2] = _mm512_fmadd_ps(d, t, acc[b % 2]);
+            macc += f16_at(blk.add(2)) * *xsum.get_unchecked(b);
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + macc
+    }
+
+    /// `Σ_b d_b Σ_i q_bi x_bi` over the Q8_0 blocks of `row` (`_xsum`
+    /// unused: the signature matches [`q4_1_dot`]).
+    ///
+    /// # Safety
+    /// As [`q4_1_dot`] with `nb = row.len() / 34`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    pub(super) unsafe fn q8_0_dot(row: &[u8], x: &[f32], _xsum: &[f32]) -> f32 {
+        let nb = row.len() / 34;
+        debug_assert!(x.len() >= nb * 32);
+        let mut acc = [_mm512_setzero_ps(); 2];
+        let (rp, xp) = (row.as_ptr(), x.as_ptr());
+        for b in 0..nb {
+            // SAFETY (all reads): block b spans bytes 34b..34b+34 of `row`
+            // and elements 32b..32b+32 of `x`, within bounds by the contract.
+            let blk = rp.add(b * 34);
+            // A hint only: prefetching past the end of `row` is harmless.
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST) as *const i8);
+            let qp = blk.add(2);
+            let q0 =
+                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qp as *const __m128i)));
+            let q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                qp.add(16) as *const __m128i
+            )));
+            let xb = xp.add(b * 32);
+            let t = _mm512_mul_ps(q0, _mm512_loadu_ps(xb));
+            let t = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xb.add(16)), t);
+            let d = _mm512_set1_ps(f16_at(blk));
+            acc[b % 2] = _mm512_fmadd_ps(d, t, acc[b % 2]);
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -499,6 +614,36 @@ mod tests {
             for &m in &[1, 3] {
                 check(scheme, m, 37, k, false);
                 check(scheme, m, 37, k, true);
+            }
+        }
+    }
+
+    #[test]
+    fn every_isa_gemv_matches_the_exact_product() {
+        for scheme in [QuantScheme::Q4_1, QuantScheme::Q8_0, QuantScheme::Q4_0] {
+            let (n, k) = (67, 576);
+            let mut rng = Lcg(99);
+            let w = random_rows(scheme, n, k, &mut rng);
+            let x: Vec<f32> = (0..k).map(|_| rng.f()).collect();
+            let rb = scheme.row_bytes(k).unwrap();
+            let mut wf = vec![0.0f32; k];
+            for isa in Isa::available() {
+                let mut out = vec![f32::NAN; n];
+                gemv_with(isa, scheme, &x, k, &w, rb, &mut out, true).unwrap();
+                for (j, &got) in out.iter().enumerate() {
+                    dequantize(GgmlType::from(scheme), &w[j * rb..(j + 1) * rb], k, &mut wf)
+                        .unwrap();
+                    let want: f64 = x.iter().zip(&wf).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let mag: f64 = x
+                        .iter()
+                        .zip(&wf)
+                        .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                        .sum();
+                    assert!(
+                        (got as f64 - want).abs() <= 1e-5 * mag + 1e-30,
+                        "{isa} {scheme:?} row {j}: {got} vs {want}"
+                    );
+                }
             }
         }
     }
