@@ -11,7 +11,9 @@
 #                                    llama-bench loads the best one the CPU
 #                                    supports (GGML_BACKEND_DL +
 #                                    GGML_CPU_ALL_VARIANTS, GGML_NATIVE=OFF)
-#   libgomp.so.1 libstdc++.so.6 libgcc_s.so.1   copied from this system
+#   libgomp.so.1                     copied from this system
+#   fallback/libstdc++.so.6 fallback/libgcc_s.so.1   the same, for hosts whose
+#                                    own are older than GCC 12's
 #
 # All binaries are stripped. CMake and Ninja come from PyPI into
 # bench/.venv-cmake; the sdist, sources and build tree live in
@@ -90,13 +92,17 @@ mkdir -p "$out"
 cp "$bin/llama-bench" "$out/"
 # cp -a keeps the soname symlinks (if any) as links.
 for f in "$bin"/lib*.so*; do cp -a "$f" "$out/"; done
-# GCC runtime libraries: libgomp is not installed on every host; libstdc++ and
-# libgcc_s are, but may be older than GCC 12's. RUNPATH $ORIGIN finds these
-# copies first.
+# GCC runtime libraries. libgomp is not installed on every host: copied next
+# to the binaries, where RUNPATH $ORIGIN finds it first. libstdc++ and libgcc_s
+# are on every host but may be older than GCC 12's (llama-bench needs
+# GLIBCXX_3.4.30); this system's copies need glibc 2.36, newer than the
+# binaries themselves, so they go to fallback/, which bench/smollm2_device.sh
+# puts on LD_LIBRARY_PATH only when llama-bench does not start without it.
+mkdir -p "$out/fallback"
 for lib in libgomp.so.1 libstdc++.so.6 libgcc_s.so.1; do
   p="$(ldd "$out/llama-bench" "$out"/libggml-cpu-x64.so | awk -v l="$lib" '$1 == l { print $3; exit }')"
   [ -n "$p" ] || p="$(gcc -print-file-name="$lib")"
-  cp -L "$p" "$out/$lib"
+  if [ "$lib" = libgomp.so.1 ]; then cp -L "$p" "$out/$lib"; else cp -L "$p" "$out/fallback/$lib"; fi
 done
 find "$out" -type f -exec strip --strip-unneeded {} +
 for f in "$out"/llama-bench "$out"/libllama.so "$out"/libggml*.so; do
@@ -105,6 +111,8 @@ for f in "$out"/llama-bench "$out"/libllama.so "$out"/libggml*.so; do
 done
 missing="$(cd /tmp && env -u LD_LIBRARY_PATH ldd "$out/llama-bench" "$out"/lib*.so* 2>/dev/null | grep 'not found' || true)"
 [ -z "$missing" ] || { log "ERROR: unresolved libraries: $missing"; exit 1; }
-glibc="$(objdump -T "$out"/* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)"
-log "done: $out ($(du -sh "$out" | cut -f1), $(tar -czf - -C "$here" .llama-bench | wc -c) bytes as tar.gz); needs glibc >= ${glibc#GLIBC_}"
-ls -l "$out"
+maxver() { objdump -T "$@" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1 | sed 's/GLIBC_//'; }
+"$out/llama-bench" --help > /dev/null
+log "done: $out ($(du -sh "$out" | cut -f1), $(tar -czf - -C "$here" .llama-bench | wc -c) bytes as tar.gz)"
+log "needs glibc >= $(maxver "$out"/llama-bench "$out"/lib*.so*) (fallback/: $(maxver "$out"/fallback/*))"
+ls -lR "$out"

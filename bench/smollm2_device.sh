@@ -31,6 +31,18 @@ tar -xzf "$BUNDLE/llama-bench.tar.gz" -C "$W" || exit 1
 gzip -dc "$BUNDLE/smollm2_zero.gguf.gz" > "$W/smollm2_zero.gguf" || exit 1
 LB=$W/.llama-bench/llama-bench
 [ -x "$LB" ] || { echo "no .llama-bench/llama-bench in $BUNDLE/llama-bench.tar.gz" >&2; exit 1; }
+# This host's libstdc++/libgcc_s first; the bundled ones (fallback/) only if
+# llama-bench does not start with them.
+# (rlx runs with the environment unchanged.)
+LB_LIBS=system
+LB_ENV=(env -u OMP_WAIT_POLICY)
+if ! "${LB_ENV[@]}" "$LB" --help > "$OUT/llama_help.txt" 2>&1; then
+  LB_LIBS=fallback
+  LB_ENV+=("LD_LIBRARY_PATH=$W/.llama-bench/fallback${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  "${LB_ENV[@]}" "$LB" --help > "$OUT/llama_help.txt" 2>&1 ||
+    { echo "llama-bench does not start:" >&2; cat "$OUT/llama_help.txt" >&2; exit 1; }
+fi
+echo "llama-bench starts with the $LB_LIBS libstdc++; $(grep -o 'loaded CPU backend from .*' "$OUT/llama_help.txt")"
 M=$W/smollm2_zero.gguf
 RLX=""
 if [ -f "$BUNDLE/rlx" ]; then
@@ -48,7 +60,7 @@ for t in $THREADS; do
   for r in $(seq 1 "$ROUNDS"); do
     echo "t$t r$r load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/loadavg.txt"
     p=$OUT/t${t}_r${r}
-    env -u OMP_WAIT_POLICY timeout "$TIMEOUT" "$LB" -m "$M" -p 128 -n 128 -t "$t" -r 3 -o json \
+    "${LB_ENV[@]}" timeout "$TIMEOUT" "$LB" -m "$M" -p 128 -n 128 -t "$t" -r 3 -o json \
       > "${p}_llama.json" 2> "${p}_llama.err"
     echo "  llama-bench: exit $? $(grep -o 'loaded CPU backend from .*' "${p}_llama.err" | head -1)"
     if [ -n "$RLX" ]; then
@@ -63,7 +75,7 @@ for t in $THREADS; do
 done
 echo "end load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/loadavg.txt"
 
-OUT=$OUT THREADS=$THREADS ROUNDS=$ROUNDS HAVE_RLX=${RLX:+1} python3 - <<'PY'
+OUT=$OUT THREADS=$THREADS ROUNDS=$ROUNDS HAVE_RLX=${RLX:+1} LB_LIBS=$LB_LIBS python3 - <<'PY'
 import json, os, re, statistics, datetime
 out = os.environ["OUT"]
 threads = [int(t) for t in os.environ["THREADS"].split()]
@@ -145,7 +157,7 @@ summary = {
     "cpu_flags": lscpu_field("Flags"),
     "nproc": int(lscpu.split()[-1]) if lscpu.split() and lscpu.split()[-1].isdigit() else None,
     "model": "SmolLM2-135M-Instruct Q4_1, tensor data zeroed (bench/zero_gguf.py)",
-    "llamacpp": dict(llama_info, command="llama-bench -m GGUF -p 128 -n 128 -t T -r 3 -o json (OMP_WAIT_POLICY unset)"),
+    "llamacpp": dict(llama_info, libstdcxx=os.environ.get("LB_LIBS"), command="llama-bench -m GGUF -p 128 -n 128 -t T -r 3 -o json (OMP_WAIT_POLICY unset)"),
     "rlx": None if have_rlx else "no rlx binary in the bundle",
     "rlx_command": "rlx bench-llm --model GGUF --prefill 128 --decode 128 --reps 3 --threads T --json [--int8-activations]",
     "rounds": rounds,
