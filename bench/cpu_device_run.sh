@@ -44,6 +44,7 @@ if [ "$WHAT" = bench ] || [ "$WHAT" = all ]; then
   for t in $THREADS; do
     timeout 400 python3 bench/minilm_ort.py --model-dir "$M" --rlx-bin "$S/rlx" --threads "$t" \
       --shapes "${SHAPES:-1x128,32x128}" --rounds "${ROUNDS:-3}" --iters "${ITERS:-7}" \
-      --out-dir "$OUT" --tag "_xeon_t$t" 2>&1 | grep -E "^\[bench\]|error|Error" 
+      --modes "${MODES:-thunks,hybrid,hybrid-bf16}" \
+      --out-dir "$OUT" --tag "_xeon_t$t" 2>&1 | grep -E "^\[bench\]|error|Error"
   done
 fi
