@@ -339,33 +339,63 @@ pub fn gemm_packed_with(
     };
     let part = Partition::new(m, n.div_ceil(NR), threads);
     let cptr = SharedC(c.as_mut_ptr());
-    let job = Job {
-        m,
-        k,
-        k0: 0,
-        pan0: 0,
-        n,
-        a,
-        lda,
-        b,
-        ldc,
-        bias,
-        act,
-        isa,
+    let run_all = |a16: &[u16]| {
+        let job = Job {
+            m,
+            k,
+            k0: 0,
+            pan0: 0,
+            n,
+            a,
+            lda,
+            a16,
+            b,
+            ldc,
+            bias,
+            act,
+            isa,
+        };
+        let run = |t: usize| {
+            let ((r0, r1), (p0, p1)) = part.task(t);
+            // SAFETY: tasks cover disjoint (row range, column range)
+            // rectangles of C, all inside the extent checked above, so no
+            // two threads write the same element and nothing else borrows
+            // `c` meanwhile.
+            unsafe { job.block(cptr, r0, r1, p0, p1) };
+        };
+        let tasks = part.tasks();
+        if threads > 1 && tasks > 1 {
+            (0..tasks).into_par_iter().for_each(run);
+        } else {
+            (0..tasks).for_each(run);
+        }
     };
-    let run = |t: usize| {
-        let ((r0, r1), (p0, p1)) = part.task(t);
-        // SAFETY: tasks cover disjoint (row range, column range) rectangles
-        // of C, all inside the extent checked above, so no two threads
-        // write the same element and nothing else borrows `c` meanwhile.
-        unsafe { job.block(cptr, r0, r1, p0, p1) };
-    };
-    let tasks = part.tasks();
-    if threads > 1 && tasks > 1 {
-        (0..tasks).into_par_iter().for_each(run);
-    } else {
-        (0..tasks).for_each(run);
+    if !b.is_bf16() || k == 0 {
+        run_all(&[]);
+        return Ok(());
     }
+    // bf16: the activations rounded once per call, row r at `r * 2kp`
+    // (a zero pad element for odd k), into this thread's buffer. A task
+    // stolen while this one waits may call here again on the same thread:
+    // it then uses a buffer of its own.
+    A16.with(|cell| {
+        let mut own = Vec::new();
+        let mut held = cell.try_borrow_mut();
+        let buf = match held.as_mut() {
+            Ok(b) => &mut **b,
+            Err(_) => &mut own,
+        };
+        let row16 = 2 * k.div_ceil(2);
+        buf.clear();
+        buf.resize(m * row16, 0);
+        let round = |(r, dst): (usize, &mut [u16])| round_bf16(&a[r * lda..r * lda + k], dst);
+        if threads > 1 {
+            buf.par_chunks_mut(row16).enumerate().for_each(round);
+        } else {
+            buf.chunks_mut(row16).enumerate().for_each(round);
+        }
+        run_all(buf);
+    });
     Ok(())
 }
 
@@ -473,6 +503,7 @@ pub fn gemm_packed_window(
         n: cols,
         a,
         lda,
+        a16: &[],
         b,
         ldc,
         bias: None,
@@ -505,6 +536,8 @@ struct Job<'a> {
     n: usize,
     a: &'a [f32],
     lda: usize,
+    /// bf16 jobs: A rounded to bf16, row `r` at `r * 2 * k.div_ceil(2)`.
+    a16: &'a [u16],
     b: &'a PackedB,
     ldc: usize,
     bias: Option<&'a [f32]>,
@@ -598,9 +631,8 @@ impl Job<'_> {
         }
     }
 
-    /// [`Job::block`] against bf16 row pairs. Per K block, the rows'
-    /// activations are rounded to bf16 once ([`bf16_bits`]) into a
-    /// thread-local buffer of pairs, which every panel of the task reads.
+    /// [`Job::block`] against bf16 row pairs, reading the activations that
+    /// [`gemm_packed_with`] rounded to bf16 once per call (`self.a16`).
     /// Per output element and row pair `(2q, 2q + 1)`, pairs ascending:
     /// `acc += a[2q+1] b[2q+1]`, then `acc += a[2q] b[2q]`, each product
     /// exact in f32 and each sum rounded once: `vdpbf16ps`'s definition
@@ -608,63 +640,51 @@ impl Job<'_> {
     /// for bit except where a sum is subnormal (the instruction flushes it).
     ///
     /// # Safety
-    /// As for [`Job::block`]; `self.k0 == 0` and `self.pan0 == 0` (only
-    /// [`gemm_packed_with`] builds bf16 jobs).
+    /// As for [`Job::block`]; `self.k0 == 0`, `self.pan0 == 0` and `a16`
+    /// holds the rounded rows (only [`gemm_packed_with`] builds bf16 jobs).
     unsafe fn block_bf16(&self, c: SharedC, r0: usize, r1: usize, p0: usize, p1: usize) {
-        let (k, kp) = (self.k, self.k.div_ceil(2));
+        let kp = self.k.div_ceil(2);
         let blocks = if kp <= KC * 3 / 4 {
             1
         } else {
             kp.div_ceil(KC / 2)
         };
         let step = kp.div_ceil(blocks);
-        let rows = r1 - r0;
+        let lda16 = 2 * kp;
         #[cfg(target_arch = "x86_64")]
         let bf16_hw = self.isa == Isa::Avx512 && crate::isa::CpuFeatures::get().avx512bf16;
-        #[cfg(not(target_arch = "x86_64"))]
-        let bf16_hw = false;
-        A_PAIRS.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            let mut pc = 0;
-            while pc < kp {
-                let kc2 = step.min(kp - pc);
-                buf.clear();
-                buf.resize(rows * kc2, 0);
-                for (r, dst) in buf.chunks_exact_mut(kc2).enumerate() {
-                    let a = &self.a[(r0 + r) * self.lda..];
-                    let (e0, e1) = (2 * pc, (2 * (pc + kc2)).min(k));
-                    round_pairs(&a[e0..e1], dst);
-                }
-                let mut panel = p0;
-                while panel < p1 {
-                    let two = panel + 1 < p1;
-                    let cols = (if two { 2 * NR } else { NR }).min(self.n - panel * NR);
-                    let b0 = self.b.pairs[panel * kp + pc..].as_ptr().cast::<u16>();
-                    let b1 = if two {
-                        self.b.pairs[(panel + 1) * kp + pc..].as_ptr().cast::<u16>()
-                    } else {
-                        b0
-                    };
-                    let mut r = 0;
-                    while r < rows {
-                        let tr = tile_rows(rows - r, BF16_MR);
-                        let ap = buf.as_ptr().add(r * kc2);
-                        let cp = c.0.add((r0 + r) * self.ldc + panel * NR);
-                        let acc = pc > 0;
-                        #[cfg(target_arch = "x86_64")]
-                        if bf16_hw {
-                            avx512bf16::TILE[tr - 1](kc2, ap, kc2, b0, b1, cp, self.ldc, cols, acc);
-                            r += tr;
-                            continue;
-                        }
-                        bf16_tile(tr, kc2, ap, kc2, b0, b1, cp, self.ldc, cols, acc);
+        let mut pc = 0;
+        while pc < kp {
+            let kc2 = step.min(kp - pc);
+            let mut panel = p0;
+            while panel < p1 {
+                let two = panel + 1 < p1;
+                let cols = (if two { 2 * NR } else { NR }).min(self.n - panel * NR);
+                let b0 = self.b.pairs[panel * kp + pc..].as_ptr().cast::<u16>();
+                let b1 = if two {
+                    self.b.pairs[(panel + 1) * kp + pc..].as_ptr().cast::<u16>()
+                } else {
+                    b0
+                };
+                let mut r = r0;
+                while r < r1 {
+                    let tr = tile_rows(r1 - r, BF16_MR);
+                    let ap = self.a16.as_ptr().add(r * lda16 + 2 * pc);
+                    let cp = c.0.add(r * self.ldc + panel * NR);
+                    let acc = pc > 0;
+                    #[cfg(target_arch = "x86_64")]
+                    if bf16_hw {
+                        avx512bf16::TILE[tr - 1](kc2, ap, lda16, b0, b1, cp, self.ldc, cols, acc);
                         r += tr;
+                        continue;
                     }
-                    panel += if two { 2 } else { 1 };
+                    bf16_tile(tr, kc2, ap, lda16, b0, b1, cp, self.ldc, cols, acc);
+                    r += tr;
                 }
-                pc += kc2;
+                panel += if two { 2 } else { 1 };
             }
-        });
+            pc += kc2;
+        }
     }
 
     /// Rows of the tallest micro-tile of this ISA.
@@ -823,19 +843,20 @@ unsafe fn scalar_tile<T>(
 const BF16_MR: usize = 12;
 
 thread_local! {
-    /// Per-thread buffer of activation row pairs in bf16 (bf16 jobs).
-    static A_PAIRS: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The calling thread's buffer of bf16 activations (bf16 products).
+    static A16: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Round `a` (at most `2 * dst.len()` floats) to bf16 pairs: `dst[q]` holds
-/// `a[2q]` in its low and `a[2q + 1]` in its high half (zero past the end).
-fn round_pairs(a: &[f32], dst: &mut [u32]) {
-    let mut it = a.chunks_exact(2);
-    for (d, p) in dst.iter_mut().zip(&mut it) {
-        *d = u32::from(bf16_bits(p[0])) | u32::from(bf16_bits(p[1])) << 16;
-    }
-    if let [last] = it.remainder() {
-        dst[a.len() / 2] = u32::from(bf16_bits(*last));
+super::simd::simd_dispatch! {
+    /// `dst[i] = bf16(a[i])` ([`bf16_bits`]); elements of `dst` past
+    /// `a.len()` are set to zero.
+    fn round_bf16(a: &[f32], dst: &mut [u16]) {
+        for (d, &x) in dst.iter_mut().zip(a) {
+            *d = bf16_bits(x);
+        }
+        for d in dst.iter_mut().skip(a.len()) {
+            *d = 0;
+        }
     }
 }
 
@@ -843,15 +864,15 @@ fn round_pairs(a: &[f32], dst: &mut [u32]) {
 /// at `b0` and `b1`), in the order of [`Job::block_bf16`].
 ///
 /// # Safety
-/// `ap` addresses `rows` rows of `kc2` pairs with stride `lda2`; `b0` (and
-/// `b1` when `cols > 16`) hold `kc2` panel pairs; `cp` addresses `rows` rows
-/// of `cols` floats with stride `ldc`.
+/// `ap` addresses `rows` rows of `2 * kc2` bf16 activations with stride
+/// `lda16`; `b0` (and `b1` when `cols > 16`) hold `kc2` panel pairs; `cp`
+/// addresses `rows` rows of `cols` floats with stride `ldc`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn bf16_tile(
     rows: usize,
     kc2: usize,
-    ap: *const u32,
-    lda2: usize,
+    ap: *const u16,
+    lda16: usize,
     b0: *const u16,
     b1: *const u16,
     cp: *mut f32,
@@ -864,7 +885,7 @@ unsafe fn bf16_tile(
     let b1 = std::slice::from_raw_parts(b1, kc2 * 2 * NR);
     let mut acc = [0f32; 2 * NR];
     for r in 0..rows {
-        let a = std::slice::from_raw_parts(ap.add(r * lda2), kc2);
+        let a = std::slice::from_raw_parts(ap.add(r * lda16), 2 * kc2);
         bf16_row(a, b0, b1, panels, &mut acc);
         let crow = cp.add(r * ldc);
         for (j, x) in acc.iter().enumerate().take(cols) {
@@ -878,13 +899,13 @@ super::simd::simd_dispatch! {
     /// One output row of [`bf16_tile`] into `acc` (`16 * panels` values).
     /// Plain multiplies and adds (each product is exact in f32), so every
     /// compiled copy gives the same bits.
-    fn bf16_row(a: &[u32], b0: &[u16], b1: &[u16], panels: usize, acc: &mut [f32; 2 * NR]) {
+    fn bf16_row(a: &[u16], b0: &[u16], b1: &[u16], panels: usize, acc: &mut [f32; 2 * NR]) {
         let wide = |h: u16| f32::from_bits(u32::from(h) << 16);
         *acc = [0.0; 2 * NR];
         for (h, b) in [b0, b1].into_iter().enumerate().take(panels) {
             let out: &mut [f32; NR] = (&mut acc[h * NR..(h + 1) * NR]).try_into().unwrap();
-            for (&ap, pair) in a.iter().zip(b.chunks_exact(2 * NR)) {
-                let (lo, hi) = (wide(ap as u16), wide((ap >> 16) as u16));
+            for (ap, pair) in a.chunks_exact(2).zip(b.chunks_exact(2 * NR)) {
+                let (lo, hi) = (wide(ap[0]), wide(ap[1]));
                 let Ok(pair) = <&[u16; 2 * NR]>::try_from(pair) else {
                     continue;
                 };
@@ -1223,10 +1244,10 @@ mod avx512bf16 {
     use super::NR;
     use std::arch::x86_64::*;
 
-    /// A bf16 micro-kernel: `(kc2, ap, lda2, b0, b1, cp, ldc, cols,
+    /// A bf16 micro-kernel: `(kc2, ap, lda16, b0, b1, cp, ldc, cols,
     /// accumulate)` as [`super::bf16_tile`].
     pub type Tile =
-        unsafe fn(usize, *const u32, usize, *const u16, *const u16, *mut f32, usize, usize, bool);
+        unsafe fn(usize, *const u16, usize, *const u16, *const u16, *mut f32, usize, usize, bool);
 
     /// `R x 32` tile (`R x 16` when `cols <= 16`): one `vdpbf16ps` per row
     /// and panel per row pair.
@@ -1238,8 +1259,8 @@ mod avx512bf16 {
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn tile<const R: usize>(
         kc2: usize,
-        ap: *const u32,
-        lda2: usize,
+        ap: *const u16,
+        lda16: usize,
         b0: *const u16,
         b1: *const u16,
         cp: *mut f32,
@@ -1255,15 +1276,17 @@ mod avx512bf16 {
                 let v1: __m512bh =
                     std::mem::transmute(_mm512_load_si512(b1.add(q * 2 * NR).cast()));
                 for (r, a) in acc.iter_mut().enumerate() {
-                    let av: __m512bh =
-                        std::mem::transmute(_mm512_set1_epi32(*ap.add(r * lda2 + q) as i32));
+                    // The pair (2q, 2q + 1) as one little-endian dword.
+                    let pair = ap.add(r * lda16 + 2 * q).cast::<i32>().read_unaligned();
+                    let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
                     a[0] = _mm512_dpbf16_ps(a[0], av, v0);
                     a[1] = _mm512_dpbf16_ps(a[1], av, v1);
                 }
             } else {
                 for (r, a) in acc.iter_mut().enumerate() {
-                    let av: __m512bh =
-                        std::mem::transmute(_mm512_set1_epi32(*ap.add(r * lda2 + q) as i32));
+                    // The pair (2q, 2q + 1) as one little-endian dword.
+                    let pair = ap.add(r * lda16 + 2 * q).cast::<i32>().read_unaligned();
+                    let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
                     a[0] = _mm512_dpbf16_ps(a[0], av, v0);
                 }
             }

@@ -471,7 +471,7 @@ mod x86_512 {
         let nb = row.len() / 20;
         debug_assert!(x.len() >= nb * 32 && xsum.len() >= nb);
         let mask = _mm512_set1_epi32(0x0F);
-        let mut acc = [_mm512_setzero_ps(); 2];
+        let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         let mut macc = 0.0f32;
         let (rp, xp) = (row.as_ptr(), x.as_ptr());
         for b in 0..nb {
@@ -489,10 +489,16 @@ mod x86_512 {
             let t = _mm512_mul_ps(lo, _mm512_loadu_ps(xb));
             let t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb.add(16)), t);
             let d = _mm512_set1_ps(f16_at(blk));
-            acc[b % 2] = _mm512_fmadd_ps(d, t, acc[b % 2]);
+            // Two accumulators by block parity; a branch, not `acc[b % 2]`,
+            // keeps both in registers.
+            if b % 2 == 0 {
+                acc0 = _mm512_fmadd_ps(d, t, acc0);
+            } else {
+                acc1 = _mm512_fmadd_ps(d, t, acc1);
+            }
             macc += f16_at(blk.add(2)) * *xsum.get_unchecked(b);
         }
-        _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) + macc
+        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + macc
     }
 
     /// `Σ_b d_b Σ_i q_bi x_bi` over the Q8_0 blocks of `row` (`_xsum`
@@ -504,7 +510,7 @@ mod x86_512 {
     pub(super) unsafe fn q8_0_dot(row: &[u8], x: &[f32], _xsum: &[f32]) -> f32 {
         let nb = row.len() / 34;
         debug_assert!(x.len() >= nb * 32);
-        let mut acc = [_mm512_setzero_ps(); 2];
+        let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
         let (rp, xp) = (row.as_ptr(), x.as_ptr());
         for b in 0..nb {
             // SAFETY (all reads): block b spans bytes 34b..34b+34 of `row`
@@ -522,9 +528,13 @@ mod x86_512 {
             let t = _mm512_mul_ps(q0, _mm512_loadu_ps(xb));
             let t = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xb.add(16)), t);
             let d = _mm512_set1_ps(f16_at(blk));
-            acc[b % 2] = _mm512_fmadd_ps(d, t, acc[b % 2]);
+            if b % 2 == 0 {
+                acc0 = _mm512_fmadd_ps(d, t, acc0);
+            } else {
+                acc1 = _mm512_fmadd_ps(d, t, acc1);
+            }
         }
-        _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
     }
 }
 
