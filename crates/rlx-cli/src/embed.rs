@@ -45,7 +45,8 @@ pub struct EmbedArgs {
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
     /// Arithmetic: f32 or bf16 (CPU: bf16 matmuls with f32 accumulation,
-    /// fastest with AVX512-BF16), on CUDA also tf32 and f16.
+    /// AVX512-BF16 where present; not faster than f32 there), on CUDA also
+    /// tf32 and f16.
     #[arg(long, default_value = "f32")]
     precision: rlx::Precision,
     /// CPU: store matmul weights as f16 (faster on short inputs, where

@@ -35,13 +35,14 @@ pub struct CpuOptions {
     pub f16_weights: bool,
     /// Multiply with matmul weights in bf16: the packed weights and, per
     /// call, the activations they multiply are rounded to bf16, products
-    /// accumulate in f32. On CPUs with AVX512-BF16 (`vdpbf16ps`): half the
-    /// weight bytes and twice the multiply rate of f32. Elsewhere a portable
-    /// kernel adds in the same order (same results) but runs several times
-    /// slower than the f32 kernels: an option for AVX512-BF16 machines. 8
-    /// significant bits per operand (MiniLM embeddings keep a cosine >=
-    /// 0.9999 to PyTorch's). Takes precedence over `f16_weights`. Off by
-    /// default.
+    /// accumulate in f32 (`vdpbf16ps` on CPUs with AVX512-BF16, a portable
+    /// kernel adding in the same order elsewhere: same results). Half the
+    /// weight bytes, 8 significant bits per operand (MiniLM embeddings keep
+    /// a cosine >= 0.9999 to PyTorch's). Not faster than f32 on the CPUs
+    /// measured: on the 16-core Sapphire Rapids Xeon MiniLM runs 1.3-1.6x
+    /// the f32 time with `vdpbf16ps` (not profiled further), and the
+    /// portable kernel is ~2.5x slower than f32 on Zen 3. Takes
+    /// precedence over `f16_weights`. Off by default.
     pub bf16: bool,
 }
 

@@ -69,8 +69,8 @@ pub struct EmbedOptions {
     /// faster where weight bytes dominate (short inputs), embeddings within
     /// ~1e-4 of the f32 ones.
     pub f16_weights: bool,
-    /// CPU: matmuls in bf16 with f32 accumulation (see `CpuOptions::bf16`);
-    /// fastest on CPUs with AVX512-BF16.
+    /// CPU: matmuls in bf16 with f32 accumulation (see `CpuOptions::bf16`:
+    /// half the weight bytes, not faster than f32 on the CPUs measured).
     pub bf16: bool,
 }
 

@@ -196,25 +196,9 @@ fn gemv_with(
 
 /// `out[r] = dot(x, dequant(w row r))` for the rows of one chunk.
 fn gemv_rows(ctx: &GemvCtx<'_>, w: &[u8], out: &mut [f32]) -> Result<(), KernelError> {
-    #[cfg(target_arch = "x86_64")]
-    if ctx.isa == Isa::Avx512 {
-        type Dot = unsafe fn(&[u8], &[f32], &[f32]) -> f32;
-        let dot: Option<Dot> = match ctx.scheme {
-            QuantScheme::Q4_1 => Some(x86_512::q4_1_dot),
-            QuantScheme::Q8_0 => Some(x86_512::q8_0_dot),
-            _ => None,
-        };
-        if let Some(dot) = dot {
-            for (o, row) in out.iter_mut().zip(w.chunks_exact(ctx.rb)) {
-                // SAFETY: the active ISA (AVX-512 F/BW/VL/DQ with AVX2, FMA,
-                // F16C) is one the CPU runs. `row` holds k/32 blocks and `x`
-                // and `xsum` hold k and k/32 elements (checked by the
-                // caller: row_bytes(k) == rb, x.len() == k).
-                *o = unsafe { dot(row, ctx.x, &ctx.xsum) };
-            }
-            return Ok(());
-        }
-    }
+    // Under AVX-512 too: a 16-lane version of these dots (two zmm per
+    // block) measured slower than the AVX2 ones in SmolLM2 decode on the
+    // 16-core Xeon (2 threads, synthetic weights: 60 vs 78 tok/s).
     #[cfg(target_arch = "x86_64")]
     if ctx.isa >= Isa::Avx2 {
         match ctx.scheme {
@@ -439,102 +423,6 @@ mod x86 {
             }
         }
         hsum(_mm256_add_ps(acc0, acc1))
-    }
-}
-
-/// The f32-activation dot products on AVX-512: one block of 32 is two zmm
-/// registers. Each block's sum `Σ q x` is formed in 16 lanes, then scaled
-/// and accumulated (two accumulators, even and odd blocks), so the additions
-/// group differently from the 8-lane AVX2 kernels: equal within f32
-/// rounding (tests compare both with the exact product).
-#[cfg(target_arch = "x86_64")]
-mod x86_512 {
-    use std::arch::x86_64::*;
-
-    /// Bytes ahead of the current block that the dot kernels prefetch.
-    const PF_DIST: usize = 1024;
-
-    /// One f16 at `p` as f32.
-    #[inline(always)]
-    unsafe fn f16_at(p: *const u8) -> f32 {
-        let bits = (p as *const u16).read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-    }
-
-    /// `Σ_b d_b Σ_i q_bi x_bi + m_b xsum_b` over the Q4_1 blocks of `row`.
-    ///
-    /// # Safety
-    /// The CPU runs AVX-512 F/BW/VL/DQ, AVX2, FMA and F16C; `x.len() >= 32 *
-    /// nb` and `xsum.len() >= nb` where `nb = row.len() / 20`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-    pub(super) unsafe fn q4_1_dot(row: &[u8], x: &[f32], xsum: &[f32]) -> f32 {
-        let nb = row.len() / 20;
-        debug_assert!(x.len() >= nb * 32 && xsum.len() >= nb);
-        let mask = _mm512_set1_epi32(0x0F);
-        let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let mut macc = 0.0f32;
-        let (rp, xp) = (row.as_ptr(), x.as_ptr());
-        for b in 0..nb {
-            // SAFETY (all reads): block b spans bytes 20b..20b+20 of `row`
-            // and elements 32b..32b+32 of `x`, within bounds by the contract.
-            let blk = rp.add(b * 20);
-            // A hint only: prefetching past the end of `row` is harmless.
-            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST) as *const i8);
-            // 16 bytes widened to i32: low nibbles are elements 0..16, high
-            // nibbles elements 16..32.
-            let z = _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(4) as *const __m128i));
-            let lo = _mm512_cvtepi32_ps(_mm512_and_si512(z, mask));
-            let hi = _mm512_cvtepi32_ps(_mm512_srli_epi32::<4>(z));
-            let xb = xp.add(b * 32);
-            let t = _mm512_mul_ps(lo, _mm512_loadu_ps(xb));
-            let t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xb.add(16)), t);
-            let d = _mm512_set1_ps(f16_at(blk));
-            // Two accumulators by block parity; a branch, not `acc[b % 2]`,
-            // keeps both in registers.
-            if b % 2 == 0 {
-                acc0 = _mm512_fmadd_ps(d, t, acc0);
-            } else {
-                acc1 = _mm512_fmadd_ps(d, t, acc1);
-            }
-            macc += f16_at(blk.add(2)) * *xsum.get_unchecked(b);
-        }
-        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + macc
-    }
-
-    /// `Σ_b d_b Σ_i q_bi x_bi` over the Q8_0 blocks of `row` (`_xsum`
-    /// unused: the signature matches [`q4_1_dot`]).
-    ///
-    /// # Safety
-    /// As [`q4_1_dot`] with `nb = row.len() / 34`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-    pub(super) unsafe fn q8_0_dot(row: &[u8], x: &[f32], _xsum: &[f32]) -> f32 {
-        let nb = row.len() / 34;
-        debug_assert!(x.len() >= nb * 32);
-        let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let (rp, xp) = (row.as_ptr(), x.as_ptr());
-        for b in 0..nb {
-            // SAFETY (all reads): block b spans bytes 34b..34b+34 of `row`
-            // and elements 32b..32b+32 of `x`, within bounds by the contract.
-            let blk = rp.add(b * 34);
-            // A hint only: prefetching past the end of `row` is harmless.
-            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST) as *const i8);
-            let qp = blk.add(2);
-            let q0 =
-                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qp as *const __m128i)));
-            let q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-                qp.add(16) as *const __m128i
-            )));
-            let xb = xp.add(b * 32);
-            let t = _mm512_mul_ps(q0, _mm512_loadu_ps(xb));
-            let t = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xb.add(16)), t);
-            let d = _mm512_set1_ps(f16_at(blk));
-            if b % 2 == 0 {
-                acc0 = _mm512_fmadd_ps(d, t, acc0);
-            } else {
-                acc1 = _mm512_fmadd_ps(d, t, acc1);
-            }
-        }
-        _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
     }
 }
 
