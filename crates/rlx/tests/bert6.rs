@@ -4,35 +4,8 @@
 
 mod common;
 use common::*;
-use rlx::ir::Tensor;
 use rlx::{Device, ExecMode, Session};
-use rlx_models::bert::{build_graph, synthetic_params, BertConfig, BertOutputs};
-use std::collections::HashMap;
-
-fn bindings(cfg: &BertConfig, b: usize, s: usize, lens: &[usize]) -> HashMap<String, Tensor> {
-    let mut rng = Rng::new(11);
-    let mut m: HashMap<String, Tensor> = synthetic_params(cfg, 5)
-        .into_iter()
-        .map(|(n, v)| {
-            let dims = cfg.params().into_iter().find(|p| p.0 == n).unwrap().1;
-            (n, Tensor::f32(&dims, v))
-        })
-        .collect();
-    let ids = (0..b * s)
-        .map(|_| rng.below(cfg.vocab_size) as i64)
-        .collect();
-    m.insert("input_ids".into(), Tensor::i64(&[b, s], ids));
-    m.insert(
-        "token_type_ids".into(),
-        Tensor::i64(&[b, s], vec![0; b * s]),
-    );
-    let mut mask = vec![0f32; b * s];
-    for (i, &l) in lens.iter().enumerate() {
-        mask[i * s..i * s + l].fill(1.0);
-    }
-    m.insert("attention_mask".into(), Tensor::f32(&[b, s], mask));
-    m
-}
+use rlx_models::bert::{build_graph, BertConfig, BertOutputs};
 
 #[test]
 fn bert6_thunks_equal_reference_and_hybrid_equals_thunks() {
@@ -47,7 +20,7 @@ fn bert6_thunks_equal_reference_and_hybrid_equals_thunks() {
         },
     )
     .unwrap();
-    let b = bindings(&cfg, 1, 128, &[128]);
+    let b = bert_bindings(&cfg, 1, 128, &[128]);
     let want = reference(&g, &b);
 
     let mut thunks = Session::new(Device::Cpu)
@@ -129,7 +102,7 @@ fn bert6_batched_with_padding_hybrid_equals_thunks() {
         },
     )
     .unwrap();
-    let b = bindings(&cfg, 3, 40, &[40, 17, 1]);
+    let b = bert_bindings(&cfg, 3, 40, &[40, 17, 1]);
     let want = reference(&g, &b);
     for mode in [ExecMode::Thunks, ExecMode::Hybrid] {
         let got = run_session(
@@ -177,7 +150,7 @@ fn optimizer_fuses_the_bert_graph() {
     assert_eq!(count("LayerNorm"), 0);
     assert_eq!(report.count("fuse_qkv", "qkv"), 6);
     // Same numbers as the unoptimized graph under the reference.
-    let b = bindings(&cfg, 1, 16, &[16]);
+    let b = bert_bindings(&cfg, 1, 16, &[16]);
     let want = reference(&g, &b);
     let got = reference(&opt, &b);
     assert_close(&got[0], &want[0], 1e-5, "optimized vs plain BERT");

@@ -22,7 +22,7 @@ use rlx::cpu::Isa;
 use rlx::ir::op::{Activation, MaskKind, RopeStyle};
 use rlx::ir::{DType, Graph, Op, Shape, Tensor};
 use rlx::{Device, ExecMode, Session};
-use rlx_models::bert::{build_graph, synthetic_params, BertConfig, BertOutputs};
+use rlx_models::bert::{build_graph, BertConfig, BertOutputs};
 use rlx_models::recurrent::{gdn_block_graph, synthetic_weights, GdnConfig};
 use std::collections::HashMap;
 
@@ -44,25 +44,7 @@ fn bert_case() -> Case {
         },
     )
     .unwrap();
-    let mut rng = Rng::new(3);
-    let mut m: HashMap<String, Tensor> = synthetic_params(&cfg, 7)
-        .into_iter()
-        .map(|(n, v)| {
-            let dims = cfg.params().into_iter().find(|p| p.0 == n).unwrap().1;
-            (n, Tensor::f32(&dims, v))
-        })
-        .collect();
-    let ids = (0..b * s)
-        .map(|_| rng.below(cfg.vocab_size) as i64)
-        .collect();
-    m.insert("input_ids".into(), Tensor::i64(&[b, s], ids));
-    m.insert(
-        "token_type_ids".into(),
-        Tensor::i64(&[b, s], vec![0; b * s]),
-    );
-    let mut mask = vec![1f32; b * s];
-    mask[s + 17..].fill(0.0);
-    m.insert("attention_mask".into(), Tensor::f32(&[b, s], mask));
+    let m = bert_bindings(&cfg, b, s, &[s, 17]);
     ("bert 2 layers 2x24, padded", g, m)
 }
 

@@ -136,3 +136,36 @@ pub fn assert_close(got: &[f32], want: &[f32], rel: f32, what: &str) {
         rel
     );
 }
+
+/// Inputs and seeded synthetic weights for a BERT graph of `cfg` at batch
+/// `b`, sequence `s`: random token ids, token type 0, and row `i` of the
+/// attention mask keeping its first `lens[i]` positions.
+pub fn bert_bindings(
+    cfg: &rlx_models::bert::BertConfig,
+    b: usize,
+    s: usize,
+    lens: &[usize],
+) -> HashMap<String, Tensor> {
+    let mut rng = Rng::new(11);
+    let mut m: HashMap<String, Tensor> = rlx_models::bert::synthetic_params(cfg, 5)
+        .into_iter()
+        .map(|(n, v)| {
+            let dims = cfg.params().into_iter().find(|p| p.0 == n).unwrap().1;
+            (n, Tensor::f32(&dims, v))
+        })
+        .collect();
+    let ids = (0..b * s)
+        .map(|_| rng.below(cfg.vocab_size) as i64)
+        .collect();
+    m.insert("input_ids".into(), Tensor::i64(&[b, s], ids));
+    m.insert(
+        "token_type_ids".into(),
+        Tensor::i64(&[b, s], vec![0; b * s]),
+    );
+    let mut mask = vec![0f32; b * s];
+    for (i, &l) in lens.iter().enumerate() {
+        mask[i * s..i * s + l].fill(1.0);
+    }
+    m.insert("attention_mask".into(), Tensor::f32(&[b, s], mask));
+    m
+}
