@@ -180,8 +180,6 @@ fn profile(
     runs: usize,
     threads: Option<usize>,
 ) -> Result<(), String> {
-    use std::collections::BTreeMap;
-    let (peak, gemm_peak) = rlx::cpu::measure_peaks(300, threads);
     let mut steps: Vec<rlx::cpu::ProfileEntry> = Vec::new();
     for r in 0..runs {
         let (_, p) = model.run_profiled(inputs).map_err(|e| e.to_string())?;
@@ -196,10 +194,19 @@ fn profile(
     for e in &mut steps {
         e.nanos /= runs as u64;
     }
+    print_profile(&steps, runs, threads);
+    Ok(())
+}
+
+/// Print a profile (mean per-dispatch times of `runs` runs) to stderr: the
+/// ISA and its measured peaks, time per op kind, then per step.
+pub fn print_profile(steps: &[rlx::cpu::ProfileEntry], runs: usize, threads: Option<usize>) {
+    use std::collections::BTreeMap;
+    let (peak, gemm_peak) = rlx::cpu::measure_peaks(300, threads);
     let total: u64 = steps.iter().map(|e| e.nanos).sum();
     let total_flops: u64 = steps.iter().map(|e| e.flops).sum();
     let mut kinds: BTreeMap<&str, (u64, u64, u64, usize)> = BTreeMap::new();
-    for e in &steps {
+    for e in steps {
         let k = kinds.entry(e.op).or_default();
         k.0 += e.nanos;
         k.1 += e.flops;
@@ -253,7 +260,7 @@ fn profile(
         "\n{:<34} {:>10} {:>9} {:>6} {:>8}",
         "step", "ms", "GFLOP/s", "%peak", "GB/s"
     );
-    for e in &steps {
+    for e in steps {
         eprintln!(
             "{:<34} {:>10.3} {:>9.1} {:>5.0}% {:>8.2}",
             format!("{} {}", e.op, e.label),
@@ -263,7 +270,6 @@ fn profile(
             e.bytes as f64 / e.nanos.max(1) as f64
         );
     }
-    Ok(())
 }
 
 fn rayon_threads() -> usize {

@@ -228,6 +228,10 @@ pub struct BenchLlmArgs {
     /// file needed: speed is the same, the text is noise.
     #[arg(long)]
     synthetic: bool,
+    /// After timing, profile decode steps on the CPU: time per op kind and
+    /// per step, GFLOP/s and GB/s (on stderr).
+    #[arg(long)]
+    profile: bool,
 }
 
 /// Run `rlx bench-llm`.
@@ -276,6 +280,9 @@ pub fn bench(a: BenchLlmArgs) -> Result<(), String> {
         v[v.len() / 2]
     };
     let (p, d) = (med(&mut pre), med(&mut dec));
+    if a.profile {
+        profile_decode(&mut model, &prompt, a.decode.clamp(1, 32), a.threads)?;
+    }
     let dispatches = model.decode_model().report().dispatches;
     let device_ops = model.decode_device_ops();
     eprintln!(
@@ -307,5 +314,40 @@ pub fn bench(a: BenchLlmArgs) -> Result<(), String> {
             1e3 / d
         );
     }
+    Ok(())
+}
+
+/// Prefill `prompt`, then profile `steps` decode steps (mean per dispatch).
+fn profile_decode(
+    model: &mut LlamaModel,
+    prompt: &[u32],
+    steps: usize,
+    threads: Option<usize>,
+) -> Result<(), String> {
+    let mut logits = model.prefill(prompt).map_err(|e| e.to_string())?;
+    let mut acc: Vec<rlx::cpu::ProfileEntry> = Vec::new();
+    for s in 0..steps {
+        let id = rlx::models::llama::argmax(&logits);
+        let (l, p) = model.decode_profiled(id).map_err(|e| e.to_string())?;
+        logits = l;
+        if p.is_empty() {
+            return Err("--profile: decode profiles run on the CPU only".into());
+        }
+        if s == 0 {
+            acc = p;
+        } else {
+            for (a, e) in acc.iter_mut().zip(p) {
+                a.nanos += e.nanos;
+            }
+        }
+    }
+    for e in &mut acc {
+        e.nanos /= steps as u64;
+    }
+    eprintln!(
+        "\ndecode step profile (mean of {steps} steps after a {}-token prefill):",
+        prompt.len()
+    );
+    crate::bench::print_profile(&acc, steps, threads);
     Ok(())
 }

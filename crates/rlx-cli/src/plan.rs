@@ -50,6 +50,10 @@ pub struct PlanArgs {
     /// storage plan; it needs a build with `--features cuda` but no GPU.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
+    /// CPU: plan for this many worker threads (segment chunking depends on
+    /// it; default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Arithmetic to plan for (CUDA: f32, tf32, bf16, f16).
     #[arg(long, default_value = "f32")]
     precision: rlx::Precision,
@@ -71,12 +75,12 @@ fn plan_cpu(g: &rlx::ir::Graph, a: &PlanArgs) -> Result<Planned, String> {
             a.precision
         ));
     }
-    let model = compile(g, a.mode == Mode::Hybrid)?;
+    let model = compile(g, a.mode == Mode::Hybrid, a.threads)?;
     let isa = rlx::cpu::Isa::active();
     let bf16_hw = rlx::cpu::CpuFeatures::get().avx512bf16 && isa == rlx::cpu::Isa::Avx512;
     let mut lines = vec![format!(
         "cpu kernels: {isa} on {} threads{}",
-        rayon_threads(),
+        a.threads.unwrap_or_else(rayon_threads),
         match a.precision {
             rlx::Precision::Bf16 if bf16_hw => ", bf16 matmuls with AVX512-BF16",
             rlx::Precision::Bf16 => ", bf16 matmuls on the portable kernel (no AVX512-BF16 here)",
@@ -179,11 +183,12 @@ pub fn graph_for(
     Ok((g, Some(r)))
 }
 
-fn compile(g: &rlx::ir::Graph, hybrid: bool) -> Result<CpuModel, String> {
+fn compile(g: &rlx::ir::Graph, hybrid: bool, threads: Option<usize>) -> Result<CpuModel, String> {
     CpuModel::compile(
         g.clone(),
         &CpuOptions {
             hybrid,
+            threads,
             ..Default::default()
         },
     )

@@ -548,8 +548,13 @@ impl CpuModel {
             None => None,
         };
         let packable = packable_params(&main);
+        // Inside the pool: segment layouts depend on its thread count.
+        let core = match &pool {
+            Some(p) => p.install(|| Core::new(main, opts))?,
+            None => Core::new(main, opts)?,
+        };
         Ok(CpuModel {
-            core: Core::new(main, opts)?,
+            core,
             prep,
             params: HashMap::new(),
             param_shapes,

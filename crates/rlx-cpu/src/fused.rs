@@ -14,7 +14,15 @@
 //!   with no other reader run in place on that buffer, i.e. in the epilogue
 //!   of the producing matmul while its rows are hot in cache;
 //! - FusedMatMulBiasAct applies bias and activation per row block.
+//!
+//! Before a plan is kept, a cost check (`fused_cost`) models the memory
+//! traffic of the chunking against that of the thunks: every chunk streams
+//! every weight, the thunks round-trip every intermediate through the
+//! arena. A chunking that would move more bytes is replaced by the fewest
+//! chunks, and a segment for which that also loses is declined (the hybrid
+//! runs its ops as thunks; `rlx plan` prints the reason).
 
+use crate::fused_cost::{llc_bytes, SegmentTraffic};
 use crate::kernels::packed_gemm::{gemm_packed, PackedB};
 use crate::kernels::{elementwise, matmul, norm, softmax, In, Out};
 use rayon::prelude::*;
@@ -230,6 +238,22 @@ enum FOp {
     },
 }
 
+impl FOp {
+    /// The scratch slot this op writes.
+    fn out(&self) -> usize {
+        match *self {
+            FOp::MatMul { out, .. }
+            | FOp::Unary { out, .. }
+            | FOp::Binary { out, .. }
+            | FOp::Norm { out, .. }
+            | FOp::Softmax { out, .. }
+            | FOp::ReduceRow { out, .. }
+            | FOp::SwiGlu { out, .. }
+            | FOp::Gather { out, .. } => out,
+        }
+    }
+}
+
 /// A lowered segment: ops over row chunks, run in one parallel region.
 #[derive(Debug)]
 pub struct FusedPlan {
@@ -241,6 +265,8 @@ pub struct FusedPlan {
     outputs: Vec<View>,
     chunk_rows: usize,
     chunks: usize,
+    /// The cost model's figures for the chosen chunking.
+    cost: String,
     /// Scratch sets (one slot buffer per intermediate), one per concurrent
     /// chunk; a chunk task takes one and gives it back.
     scratch: Mutex<Vec<Vec<Vec<f32>>>>,
@@ -541,11 +567,27 @@ impl FusedPlan {
         // Few rows: one chunk, and the kernels (GEMM) parallelize inside it.
         // Many rows: chunks of up to MAX_CHUNK_ROWS spread over the threads,
         // every op of the segment running on a chunk while it is in cache.
-        let chunk_rows = if rows < SPLIT_MIN_ROWS {
+        let default_rows = if rows < SPLIT_MIN_ROWS {
             rows.max(1)
         } else {
             rows.div_ceil(threads).clamp(MIN_CHUNK_ROWS, MAX_CHUNK_ROWS)
         };
+        let written: usize = ops.iter().map(|(_, op)| slots[op.out()]).sum();
+        let escaping: usize = outputs.iter().map(|v| v.width).sum();
+        let traffic = SegmentTraffic {
+            rows,
+            weight_bytes: ops
+                .iter()
+                .map(|(_, op)| match op {
+                    FOp::MatMul { k, n, .. } => k * n * 4,
+                    _ => 0,
+                })
+                .sum(),
+            intermediate_row_bytes: written.saturating_sub(escaping) * 4,
+            ops: ops.len(),
+        };
+        let choice = traffic.choose(default_rows, MAX_CHUNK_ROWS, llc_bytes())?;
+        let chunk_rows = choice.chunk_rows;
         let chunks = rows.div_ceil(chunk_rows);
         let sets = chunks.min(threads);
         let scratch = (0..sets)
@@ -558,6 +600,7 @@ impl FusedPlan {
             outputs,
             chunk_rows,
             chunks,
+            cost: choice.note,
             scratch: Mutex::new(scratch),
         })
     }
@@ -566,9 +609,10 @@ impl FusedPlan {
     /// rows: N chunks of C rows, chunks on the pool"` (each chunk's kernels
     /// serial, every chunk streaming every weight), or `"..., kernels on the
     /// pool inside each chunk"` when there are fewer chunks than threads.
+    /// The cost model's figures follow in brackets (see `fused_cost`).
     pub fn layout(&self) -> String {
         let threads = rayon::current_num_threads();
-        if self.chunks == 1 {
+        let how = if self.chunks == 1 {
             format!("{} rows: one chunk, kernels on the pool", self.rows)
         } else if self.chunks < threads {
             format!(
@@ -580,7 +624,8 @@ impl FusedPlan {
                 "{} rows: {} chunks of {} rows, chunks on the pool",
                 self.rows, self.chunks, self.chunk_rows
             )
-        }
+        };
+        format!("{how} [{}]", self.cost)
     }
 
     /// Bytes of scratch memory this plan holds.

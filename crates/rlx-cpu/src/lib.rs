@@ -9,6 +9,7 @@
 mod arena;
 mod executor;
 mod fused;
+mod fused_cost;
 pub mod isa;
 pub mod kernels;
 pub mod peak;

@@ -402,3 +402,51 @@ fn typed_constant_and_dtype_inputs_in_segments() {
     assert_eq!(m.plan_stats().compiled_segments, 1);
     check_all(&g, &random_bindings(&g, &mut Rng::new(9), 1.0), 0.0, 1e-6);
 }
+
+/// The CPU cost check: a lone matmul over many rows in chunks would stream
+/// its weight once per chunk and save nothing, so it stays a thunk (with
+/// the reason in the report); with an epilogue whose intermediate the
+/// thunks would round-trip, the segment is kept. Both equal the thunks.
+#[test]
+fn cost_check_keeps_out_segments_that_would_lose() {
+    let (rows, k, n) = (4096, 64, 64);
+    let lone = {
+        let mut g = Graph::new("lone_matmul");
+        let x = g.input("x", Shape::f32(&[rows, k]));
+        let w = g.param("w", Shape::f32(&[k, n]));
+        let y = g.matmul(x, w, Shape::f32(&[rows, n]));
+        g.set_outputs(vec![y]);
+        g
+    };
+    let m = hybrid().threads(2).compile(lone.clone()).unwrap();
+    let r = m.plan_report();
+    assert_eq!(m.plan_stats().compiled_segments, 0, "{r:?}");
+    assert!(
+        r.declined
+            .iter()
+            .any(|(_, why)| why.contains("cost check") && why.contains("more memory than thunks")),
+        "{:?}",
+        r.declined
+    );
+    check_all(
+        &lone,
+        &random_bindings(&lone, &mut Rng::new(3), 1.0),
+        0.0,
+        1e-5,
+    );
+
+    let mut g = Graph::new("matmul_gelu_mul");
+    let x = g.input("x", Shape::f32(&[rows, k]));
+    let w = g.param("w", Shape::f32(&[k, n]));
+    let h = g.matmul(x, w, Shape::f32(&[rows, n]));
+    let a = g.activation(Activation::Gelu, h, Shape::f32(&[rows, n]));
+    let y = g.add_node(
+        Op::Binary(BinaryOp::Mul),
+        vec![a, x],
+        Shape::f32(&[rows, n]),
+    );
+    g.set_outputs(vec![y]);
+    let m = hybrid().threads(2).compile(g.clone()).unwrap();
+    assert_eq!(m.plan_stats().compiled_segments, 1, "{:?}", m.plan_report());
+    check_all(&g, &random_bindings(&g, &mut Rng::new(4), 1.0), 1e-6, 1e-5);
+}

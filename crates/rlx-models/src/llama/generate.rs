@@ -414,6 +414,23 @@ impl LlamaModel {
     /// Feed one token at the next position and return the logits for the
     /// token after it.
     pub fn decode(&mut self, id: u32) -> Result<Vec<f32>, LlamaError> {
+        self.decode_step(id, false).map(|(logits, _)| logits)
+    }
+
+    /// [`decode`](Self::decode), timing every dispatch of the step (CPU
+    /// only; on CUDA the profile is empty).
+    pub fn decode_profiled(
+        &mut self,
+        id: u32,
+    ) -> Result<(Vec<f32>, Vec<rlx_cpu::ProfileEntry>), LlamaError> {
+        self.decode_step(id, true)
+    }
+
+    fn decode_step(
+        &mut self,
+        id: u32,
+        profile: bool,
+    ) -> Result<(Vec<f32>, Vec<rlx_cpu::ProfileEntry>), LlamaError> {
         if self.pos == 0 {
             return Err(LlamaError::NoPrefill);
         }
@@ -428,18 +445,19 @@ impl LlamaModel {
         self.move_caches(true)?;
         let mut mask = vec![0.0f32; self.ctx_len];
         mask[..=p].fill(1.0);
-        let decode: &mut dyn Executable = match &mut self.engine {
-            Engine::Cpu { decode, .. } => decode,
-            #[cfg(feature = "cuda")]
-            Engine::Cuda { decode, .. } => decode,
-        };
-        let out = decode.run(&[
+        let inputs = [
             ("ids", TensorRef::I64(&[i64::from(id)])),
             ("pos", TensorRef::I64(&[p as i64])),
             ("kv_mask", TensorRef::F32(&mask)),
-        ])?;
+        ];
+        let (out, prof) = match &mut self.engine {
+            Engine::Cpu { decode, .. } if profile => decode.run_profiled(&inputs)?,
+            Engine::Cpu { decode, .. } => (decode.run(&inputs)?, Vec::new()),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda { decode, .. } => (decode.run(&inputs)?, Vec::new()),
+        };
         self.pos = p + 1;
-        self.logits(out)
+        Ok((self.logits(out)?, prof))
     }
 
     /// The logits from the graph's single output, moved out when the
