@@ -273,7 +273,10 @@ fn matmul_int8_isa(
     }
     let threads = if parallel { num_threads() } else { 1 };
     if m == 1 {
-        let per = n.div_ceil(threads * 4).max(32768 / k).next_multiple_of(4);
+        let per = n
+            .div_ceil(threads * 4)
+            .max(super::quant::GEMV_MIN_CHUNK / k)
+            .next_multiple_of(4);
         if threads == 1 || per >= n {
             rows(kind, w, rb, &xq, out, path);
         } else {
@@ -618,8 +621,16 @@ macro_rules! int8_kernels {
     #[target_feature(enable = $features)]
     unsafe fn rows_k<const KIND: u8>(a: &Args, rows: usize) {
         if a.m == 1 {
-            for r in 0..rows {
+            // Four rows at a time: four independent accumulator chains and
+            // one activation load per block for all four.
+            let mut r = 0;
+            while r + 4 <= rows {
+                tile::<KIND, 4, 1>(a, r, 0);
+                r += 4;
+            }
+            while r < rows {
                 tile::<KIND, 1, 1>(a, r, 0);
+                r += 1;
             }
             return;
         }
