@@ -25,10 +25,11 @@ use rlx_ir::{ActivationPrecision, QuantScheme};
 
 const OP: &str = "DequantMatMul";
 
-/// Fewest multiply-adds a parallel GEMV hands one task (~10 µs of work):
-/// decode GEMVs are small (SmolLM2's attention output is 576 x 576), and
-/// splitting them finer costs more in scheduling than the work it spreads.
-pub(crate) const GEMV_MIN_CHUNK: usize = 1 << 17;
+/// Fewest multiply-adds a parallel GEMV hands one task. Measured on the
+/// 16-core Xeon (SmolLM2 decode, 16 threads): 128K per task was 20% slower
+/// than 32K; four-row f32 dot kernels were also tried there and were 21%
+/// slower at one thread (the int8 ones gain 17-19%, see `quant_q8`).
+pub(crate) const GEMV_MIN_CHUNK: usize = 1 << 15;
 
 /// Up to this many activation rows, Q4_1 and Q8_0 weights (AVX2 and up)
 /// run one GEMV per row instead of dequantizing tiles for a GEMM: the dot
@@ -204,12 +205,11 @@ fn gemv_with(
     if !parallel {
         return gemv_rows(&ctx, w, out);
     }
-    // A few chunks per thread, each at least GEMV_MIN_CHUNK multiply-adds,
-    // in whole quads of rows (the four-row dots).
+    // A few chunks per thread, each at least GEMV_MIN_CHUNK multiply-adds.
     let rows_per_chunk = n
         .div_ceil(num_threads() * 4)
         .max(GEMV_MIN_CHUNK / k.max(1))
-        .next_multiple_of(4);
+        .max(1);
     out.par_chunks_mut(rows_per_chunk)
         .zip(w.par_chunks(rows_per_chunk * rb))
         .try_for_each(|(o, wr)| gemv_rows(&ctx, wr, o))
@@ -224,15 +224,7 @@ fn gemv_rows(ctx: &GemvCtx<'_>, w: &[u8], out: &mut [f32]) -> Result<(), KernelE
     if ctx.isa >= Isa::Avx2 {
         match ctx.scheme {
             QuantScheme::Q4_1 => {
-                let mut quads = out.chunks_exact_mut(4);
-                let mut wq = w.chunks_exact(4 * ctx.rb);
-                for (o, rows) in (&mut quads).zip(&mut wq) {
-                    // SAFETY: as below; `rows` holds four rows of `rb` bytes.
-                    let y = unsafe { x86::q4_1_dot4(rows, ctx.rb, ctx.x, &ctx.xsum) };
-                    o.copy_from_slice(&y);
-                }
-                let rest = quads.into_remainder();
-                for (o, row) in rest.iter_mut().zip(wq.remainder().chunks_exact(ctx.rb)) {
+                for (o, row) in out.iter_mut().zip(w.chunks_exact(ctx.rb)) {
                     // SAFETY: `avx2` is set only when the CPU has AVX2, FMA
                     // and F16C. `row` holds k/32 blocks of 20 bytes and `x`
                     // and `xsum` hold k and k/32 elements (checked by the
@@ -242,15 +234,7 @@ fn gemv_rows(ctx: &GemvCtx<'_>, w: &[u8], out: &mut [f32]) -> Result<(), KernelE
                 return Ok(());
             }
             QuantScheme::Q8_0 => {
-                let mut quads = out.chunks_exact_mut(4);
-                let mut wq = w.chunks_exact(4 * ctx.rb);
-                for (o, rows) in (&mut quads).zip(&mut wq) {
-                    // SAFETY: as below; `rows` holds four rows of `rb` bytes.
-                    let y = unsafe { x86::q8_0_dot4(rows, ctx.rb, ctx.x) };
-                    o.copy_from_slice(&y);
-                }
-                let rest = quads.into_remainder();
-                for (o, row) in rest.iter_mut().zip(wq.remainder().chunks_exact(ctx.rb)) {
+                for (o, row) in out.iter_mut().zip(w.chunks_exact(ctx.rb)) {
                     // SAFETY: as above; `row` holds k/32 blocks of 34 bytes.
                     *o = unsafe { x86::q8_0_dot(row, ctx.x) };
                 }
@@ -418,107 +402,6 @@ mod x86 {
         hsum(_mm256_add_ps(acc0, acc1)) + macc
     }
 
-    /// [`q4_1_dot`] of four consecutive rows (`rb` bytes each), sharing the
-    /// activation loads; each row's arithmetic is exactly `q4_1_dot`'s, so
-    /// the results are the same bits whichever kernel a row goes through.
-    ///
-    /// # Safety
-    /// As [`q4_1_dot`], for each of the four rows of `rows` (`4 * rb` bytes).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn q4_1_dot4(rows: &[u8], rb: usize, x: &[f32], xsum: &[f32]) -> [f32; 4] {
-        let nb = rb / 20;
-        debug_assert!(rows.len() >= 4 * rb && x.len() >= nb * 32 && xsum.len() >= nb);
-        let mask = _mm256_set1_epi32(0x0F);
-        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-        let mut macc = [0.0f32; 4];
-        let rp = rows.as_ptr();
-        let xp = x.as_ptr();
-        for b in 0..nb {
-            // SAFETY (all reads): block b of row r spans bytes
-            // r*rb + 20b..+20 of `rows` and elements 32b..32b+32 of `x`.
-            let xb = xp.add(b * 32);
-            let xv = [
-                _mm256_loadu_ps(xb),
-                _mm256_loadu_ps(xb.add(8)),
-                _mm256_loadu_ps(xb.add(16)),
-                _mm256_loadu_ps(xb.add(24)),
-            ];
-            let xs = *xsum.get_unchecked(b);
-            for (r, (acc, macc)) in acc.iter_mut().zip(macc.iter_mut()).enumerate() {
-                let blk = rp.add(r * rb + b * 20);
-                // A hint only: prefetching past the end of `rows` is harmless.
-                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST) as *const i8);
-                let (d, mn) = f16x2(blk);
-                let z0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.add(4) as *const __m128i));
-                let z1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(blk.add(12) as *const __m128i));
-                let q0 = _mm256_cvtepi32_ps(_mm256_and_si256(z0, mask));
-                let q1 = _mm256_cvtepi32_ps(_mm256_and_si256(z1, mask));
-                let q2 = _mm256_cvtepi32_ps(_mm256_srli_epi32(z0, 4));
-                let q3 = _mm256_cvtepi32_ps(_mm256_srli_epi32(z1, 4));
-                let t0 = _mm256_mul_ps(q0, xv[0]);
-                let t1 = _mm256_mul_ps(q1, xv[1]);
-                let t0 = _mm256_fmadd_ps(q2, xv[2], t0);
-                let t1 = _mm256_fmadd_ps(q3, xv[3], t1);
-                let t = _mm256_add_ps(t0, t1);
-                acc[b % 2] = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc[b % 2]);
-                *macc += mn * xs;
-            }
-        }
-        let mut y = [0.0f32; 4];
-        for r in 0..4 {
-            y[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) + macc[r];
-        }
-        y
-    }
-
-    /// [`q8_0_dot`] of four consecutive rows (`rb` bytes each), with the
-    /// same per-row arithmetic (so the same bits).
-    ///
-    /// # Safety
-    /// As [`q8_0_dot`], for each of the four rows of `rows` (`4 * rb` bytes).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn q8_0_dot4(rows: &[u8], rb: usize, x: &[f32]) -> [f32; 4] {
-        let nb = rb / 34;
-        debug_assert!(rows.len() >= 4 * rb && x.len() >= nb * 32);
-        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-        let rp = rows.as_ptr();
-        let xp = x.as_ptr();
-        for b in 0..nb {
-            // SAFETY (all reads): block b of row r spans bytes
-            // r*rb + 34b..+34 of `rows` and elements 32b..32b+32 of `x`.
-            let xb = xp.add(b * 32);
-            let xv = [
-                _mm256_loadu_ps(xb),
-                _mm256_loadu_ps(xb.add(8)),
-                _mm256_loadu_ps(xb.add(16)),
-                _mm256_loadu_ps(xb.add(24)),
-            ];
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let blk = rp.add(r * rb + b * 34);
-                // A hint only: prefetching past the end of `rows` is harmless.
-                _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST) as *const i8);
-                let d = f16x1(blk);
-                let qp = blk.add(2);
-                let ld = |o: usize| {
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                        qp.add(o) as *const __m128i
-                    )))
-                };
-                let t0 = _mm256_mul_ps(ld(0), xv[0]);
-                let t1 = _mm256_mul_ps(ld(8), xv[1]);
-                let t0 = _mm256_fmadd_ps(ld(16), xv[2], t0);
-                let t1 = _mm256_fmadd_ps(ld(24), xv[3], t1);
-                let t = _mm256_add_ps(t0, t1);
-                acc[b % 2] = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc[b % 2]);
-            }
-        }
-        let mut y = [0.0f32; 4];
-        for r in 0..4 {
-            y[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
-        }
-        y
-    }
-
     /// `Σ_b d_b Σ_i q_bi x_bi` over the Q8_0 blocks of `row`.
     ///
     /// # Safety
@@ -679,7 +562,7 @@ mod tests {
                         (got as f64 - want).abs() <= 1e-5 * mag + 1e-30,
                         "{isa} {scheme:?} row {j}: {got} vs {want}"
                     );
-                    // The four-row kernels give each row the bits it gets alone.
+                    // Each row gets the bits it gets alone, whatever the chunking.
                     let mut one = [f32::NAN];
                     let wr = &w[j * rb..(j + 1) * rb];
                     gemv_with(isa, scheme, &x, k, wr, rb, &mut one, false).unwrap();

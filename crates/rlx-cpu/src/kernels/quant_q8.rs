@@ -622,7 +622,8 @@ macro_rules! int8_kernels {
     unsafe fn rows_k<const KIND: u8>(a: &Args, rows: usize) {
         if a.m == 1 {
             // Four rows at a time: four independent accumulator chains and
-            // one activation load per block for all four.
+            // one activation load per block for all four (SmolLM2 decode on
+            // the 16-core Xeon, int8: +19% at 1 thread, +17% at 2).
             let mut r = 0;
             while r + 4 <= rows {
                 tile::<KIND, 4, 1>(a, r, 0);
