@@ -206,12 +206,14 @@ fn norms_softmax_reduce_vs_ref() {
 fn attention_vs_ref() {
     let mut r = rng(4);
     // (4, 9, ..) runs as whole 9-row blocks, (1, 1, ..) one task per head
-    // (a decode step, when run in parallel); the last two take the packed
-    // path (S_q >= 16), over several row blocks.
+    // (a decode step, when run in parallel) and (3, 1, ..) batched decode
+    // rows, both through the one-query kernel; the last two take the
+    // packed path (S_q >= 16), over several row blocks.
     for (b, sq, sk, hq, hkv, d) in [
         (2, 3, 7, 4, 2, 8),
         (4, 9, 11, 2, 1, 8),
         (1, 1, 70, 4, 2, 32),
+        (3, 1, 41, 6, 2, 16),
         (1, 5, 5, 2, 2, 13),
         (2, 6, 4, 2, 1, 4),
         (1, 16, 16, 2, 2, 20),

@@ -319,6 +319,15 @@ fn attend_block(
     let nk = khi - klo;
     scores.clear();
     scores.resize(rows * nk, 0.0);
+    if rows == 1 {
+        // A decode step: dot products and axpys instead of two 1-row GEMMs
+        // per head (whose setup dominated at these sizes).
+        for h in heads {
+            let o = &mut out[(h - h0) * d..(h - h0 + 1) * d];
+            one_query_head(p, q, k, v, mask, o, h, b, i0, klo, scores);
+        }
+        return Ok(());
+    }
     for h in heads {
         let hk = h / group;
         let qo = (b * sq + i0) * p.q_row_stride + h * d;
@@ -359,6 +368,44 @@ fn attend_block(
         )?;
     }
     Ok(())
+}
+
+simd_dispatch! {
+    /// Head `h` of the single query row `i0` of batch `b` over keys
+    /// `klo..klo + scores.len()` into `out` (`head_dim` values): scores
+    /// by dot products, [`probs_rows`], then `out = Σ_j P_j v_j`. The
+    /// caller validated every extent.
+    fn one_query_head(
+        p: &AttentionParams,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        mask: &AttnMask<'_>,
+        out: &mut [f32],
+        h: usize,
+        b: usize,
+        i0: usize,
+        klo: usize,
+        scores: &mut [f32],
+    ) {
+        let (d, sq, sk) = (p.head_dim, p.seq_q, p.seq_k);
+        let hk = h / (p.num_heads / p.num_kv_heads);
+        let qo = (b * sq + i0) * p.q_row_stride + h * d;
+        let qh = &q[qo..qo + d];
+        for (j, s) in scores.iter_mut().enumerate() {
+            let ko = (b * sk + klo + j) * p.k_row_stride + hk * d;
+            *s = simd::dot(qh, &k[ko..ko + d]);
+        }
+        let nk = scores.len();
+        probs_rows(p, mask, scores, nk, b, h, i0, klo);
+        out.fill(0.0);
+        for (j, &pj) in scores.iter().enumerate() {
+            if pj != 0.0 {
+                let vo = (b * sk + klo + j) * p.v_row_stride + hk * d;
+                simd::axpy(pj, &v[vo..vo + d], out);
+            }
+        }
+    }
 }
 
 /// Query rows per block of the packed path (a `64 x S_k` score tile).
