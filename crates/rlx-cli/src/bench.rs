@@ -180,22 +180,28 @@ fn profile(
     runs: usize,
     threads: Option<usize>,
 ) -> Result<(), String> {
-    let mut steps: Vec<rlx::cpu::ProfileEntry> = Vec::new();
-    for r in 0..runs {
-        let (_, p) = model.run_profiled(inputs).map_err(|e| e.to_string())?;
-        if r == 0 {
-            steps = p;
-        } else {
-            for (acc, e) in steps.iter_mut().zip(p) {
-                acc.nanos += e.nanos;
-            }
+    let mut runs_seen = Vec::new();
+    for _ in 0..runs {
+        runs_seen.push(model.run_profiled(inputs).map_err(|e| e.to_string())?.1);
+    }
+    print_profile(&mean_profile(runs_seen), runs, threads);
+    Ok(())
+}
+
+/// The mean per-dispatch time of profiles of the same plan.
+pub fn mean_profile(runs: Vec<Vec<rlx::cpu::ProfileEntry>>) -> Vec<rlx::cpu::ProfileEntry> {
+    let n = runs.len().max(1) as u64;
+    let mut it = runs.into_iter();
+    let mut acc = it.next().unwrap_or_default();
+    for p in it {
+        for (a, e) in acc.iter_mut().zip(p) {
+            a.nanos += e.nanos;
         }
     }
-    for e in &mut steps {
-        e.nanos /= runs as u64;
+    for e in &mut acc {
+        e.nanos /= n;
     }
-    print_profile(&steps, runs, threads);
-    Ok(())
+    acc
 }
 
 /// Print a profile (mean per-dispatch times of `runs` runs) to stderr: the

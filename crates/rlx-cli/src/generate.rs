@@ -325,25 +325,17 @@ fn profile_decode(
     threads: Option<usize>,
 ) -> Result<(), String> {
     let mut logits = model.prefill(prompt).map_err(|e| e.to_string())?;
-    let mut acc: Vec<rlx::cpu::ProfileEntry> = Vec::new();
-    for s in 0..steps {
+    let mut runs = Vec::new();
+    for _ in 0..steps {
         let id = rlx::models::llama::argmax(&logits);
         let (l, p) = model.decode_profiled(id).map_err(|e| e.to_string())?;
         logits = l;
         if p.is_empty() {
             return Err("--profile: decode profiles run on the CPU only".into());
         }
-        if s == 0 {
-            acc = p;
-        } else {
-            for (a, e) in acc.iter_mut().zip(p) {
-                a.nanos += e.nanos;
-            }
-        }
+        runs.push(p);
     }
-    for e in &mut acc {
-        e.nanos /= steps as u64;
-    }
+    let acc = crate::bench::mean_profile(runs);
     eprintln!(
         "\ndecode step profile (mean of {steps} steps after a {}-token prefill):",
         prompt.len()
