@@ -105,6 +105,8 @@ impl Core {
             |n| cpu_view(&graph, n),
             |n| matches!(n.op, Op::CacheWrite { .. }),
         );
+        // Segments run one after another and take their scratch from one
+        // process-wide pool: the largest segment's need is what a run uses.
         let scratch_bytes = plan
             .steps
             .iter()
@@ -112,7 +114,8 @@ impl Core {
                 Step::Compiled { lowered, .. } => lowered.scratch_bytes(),
                 Step::Thunks { .. } => 0,
             })
-            .sum();
+            .max()
+            .unwrap_or(0);
         let regions = graph
             .nodes()
             .iter()

@@ -51,7 +51,8 @@ pub struct MemoryStats {
     pub arena_bytes: usize,
     /// Sum of all arena tensors without reuse.
     pub naive_bytes: usize,
-    /// Bytes of compiled-segment scratch memory.
+    /// Bytes of compiled-segment scratch memory a run uses at once (the
+    /// largest segment's; backends may pool it across segments).
     pub scratch_bytes: usize,
 }
 
