@@ -7,7 +7,13 @@
 
 /// `value` if `min <= value <= max`, else an error naming `flag`, the value,
 /// the range and, when given, where the bound comes from (`why`).
-pub fn in_range(flag: &str, value: usize, min: usize, max: usize, why: &str) -> Result<usize, String> {
+pub fn in_range(
+    flag: &str,
+    value: usize,
+    min: usize,
+    max: usize,
+    why: &str,
+) -> Result<usize, String> {
     if (min..=max).contains(&value) {
         return Ok(value);
     }
@@ -42,9 +48,20 @@ pub fn bert_seq(flag: &str, seq: usize, max_position_embeddings: usize) -> Resul
 
 /// A KV cache length: `1 ..= context_length` of the model (when the file
 /// gives one).
-pub fn ctx(flag: &str, ctx: usize, context_length: Option<usize>, arch: &str) -> Result<usize, String> {
+pub fn ctx(
+    flag: &str,
+    ctx: usize,
+    context_length: Option<usize>,
+    arch: &str,
+) -> Result<usize, String> {
     match context_length {
-        Some(max) => in_range(flag, ctx, 1, max, &format!("{arch}.context_length of the model")),
+        Some(max) => in_range(
+            flag,
+            ctx,
+            1,
+            max,
+            &format!("{arch}.context_length of the model"),
+        ),
         None => positive(flag, ctx),
     }
 }
@@ -69,7 +86,10 @@ mod tests {
     fn zero_sizes_are_refused_with_flag_and_value() {
         for flag in ["--batch", "--seq", "--iters"] {
             let e = positive(flag, 0).unwrap_err();
-            assert!(e.contains(flag) && e.contains(" 0") && e.contains("at least 1"), "{e}");
+            assert!(
+                e.contains(flag) && e.contains(" 0") && e.contains("at least 1"),
+                "{e}"
+            );
         }
         assert_eq!(positive("--batch", 3), Ok(3));
     }

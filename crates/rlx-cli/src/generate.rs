@@ -135,10 +135,22 @@ pub struct GenerateArgs {
 /// Run `rlx generate`, streaming text to stdout.
 pub fn run(a: GenerateArgs) -> Result<(), String> {
     checks::positive("--ctx", a.ctx)?;
-    checks::in_range("--max-tokens", a.max_tokens, 1, a.ctx - 1, "--ctx minus a prompt of at least 1 token")?;
+    checks::in_range(
+        "--max-tokens",
+        a.max_tokens,
+        1,
+        a.ctx - 1,
+        "--ctx minus a prompt of at least 1 token",
+    )?;
     let path = resolve_model(&a.model)?;
     let device = llama_device(a.device, a.mode, a.threads)?;
-    let (mut model, tok) = load(&path, "--ctx", a.ctx, device, activations(a.int8_activations))?;
+    let (mut model, tok) = load(
+        &path,
+        "--ctx",
+        a.ctx,
+        device,
+        activations(a.int8_activations),
+    )?;
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: a.temperature,
         top_k: a.top_k,

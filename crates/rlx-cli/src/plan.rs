@@ -145,8 +145,7 @@ pub fn resolve_config(model: &str) -> Result<(BertConfig, bool, Option<PathBuf>)
             } else {
                 PathBuf::from(other)
             };
-            let (cfg, _) =
-                rlx::models::bert::load_dir_config(&dir).map_err(|e| e.to_string())?;
+            let (cfg, _) = rlx::models::bert::load_dir_config(&dir).map_err(|e| e.to_string())?;
             Ok((cfg, true, Some(dir)))
         }
     }
@@ -214,7 +213,8 @@ fn gguf_graph(a: &PlanArgs) -> Result<rlx::ir::Graph, String> {
     let cfg = LlamaConfig::from_gguf(&f).map_err(|e| e.to_string())?;
     checks::ctx("--ctx", a.ctx, cfg.context_length, &cfg.arch)?;
     checks::in_range("--seq", a.seq, 1, a.ctx, "--ctx")?;
-    cfg.check_ctx(a.ctx).map_err(|e| format!("--ctx {}: {e}", a.ctx))?;
+    cfg.check_ctx(a.ctx)
+        .map_err(|e| format!("--ctx {}: {e}", a.ctx))?;
     let mut w = LlamaWeights::load(&f, &cfg).map_err(|e| e.to_string())?;
     if a.int8_activations {
         w.activations = rlx::ir::ActivationPrecision::Int8;

@@ -61,7 +61,12 @@ pub const CHECK_FINITE_ENV: &str = "RLX_CHECK_FINITE";
 /// Whether [`CHECK_FINITE_ENV`] asks for finite checks.
 pub fn check_finite_from_env() -> bool {
     std::env::var(CHECK_FINITE_ENV)
-        .map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+        .map(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "on"
+            )
+        })
         .unwrap_or(false)
 }
 
@@ -172,7 +177,10 @@ impl Core {
             let mut a: Vec<u64> = Vec::new();
             a.try_reserve_exact(words)
                 .map_err(|_| RuntimeError::MemoryLimit {
-                    what: format!("the arena of graph '{}' (allocation refused)", self.graph.name),
+                    what: format!(
+                        "the arena of graph '{}' (allocation refused)",
+                        self.graph.name
+                    ),
                     bytes: self.mem.arena_bytes as u128,
                     limit: rlx_runtime::limits::memory_limit()
                         .ok()

@@ -305,7 +305,10 @@ impl fmt::Debug for GgufArray {
             l.entry(&v);
         }
         if self.len > 16 {
-            l.entry(&format_args!("... {} elements of {}", self.len, self.elem_type));
+            l.entry(&format_args!(
+                "... {} elements of {}",
+                self.len, self.elem_type
+            ));
         }
         l.finish()
     }
@@ -385,7 +388,10 @@ fn decode_at(
     match ty {
         GgufValueType::String => {
             let (s, next) = read_str(bytes, pos)?;
-            Some((GgufValue::String(String::from_utf8_lossy(s).into_owned()), next))
+            Some((
+                GgufValue::String(String::from_utf8_lossy(s).into_owned()),
+                next,
+            ))
         }
         GgufValueType::Array => {
             let id = u32::from_le_bytes(bytes.get(pos..pos + 4)?.try_into().ok()?);
@@ -653,7 +659,10 @@ impl<'a> Cursor<'a> {
                 path: self.path.to_path_buf(),
                 key: what(),
                 what: format!("a string of {len} bytes"),
-                limit: format!("at most {} bytes of metadata", self.limits.max_metadata_bytes),
+                limit: format!(
+                    "at most {} bytes of metadata",
+                    self.limits.max_metadata_bytes
+                ),
             });
         }
         let bytes = self.take(len, what)?;
@@ -693,7 +702,9 @@ impl Cursor<'_> {
         if depth >= MAX_ARRAY_DEPTH {
             return Err(FormatError::CorruptHeader {
                 path: self.path.to_path_buf(),
-                reason: format!("metadata key `{key}`: arrays nested deeper than {MAX_ARRAY_DEPTH}"),
+                reason: format!(
+                    "metadata key `{key}`: arrays nested deeper than {MAX_ARRAY_DEPTH}"
+                ),
             });
         }
         let type_id = self.u32(&|| format!("array element type of `{key}`"))?;
@@ -716,15 +727,17 @@ impl Cursor<'_> {
         match elem_type.fixed_size() {
             Some(w) => {
                 // checked: count <= max_array_len, w <= 8.
-                let bytes = count.checked_mul(w as u64).unwrap_or(u64::MAX);
-                self.take(bytes, &|| format!("{count} {elem_type} elements of array `{key}`"))?;
+                let bytes = count.saturating_mul(w as u64);
+                self.take(bytes, &|| {
+                    format!("{count} {elem_type} elements of array `{key}`")
+                })?;
             }
             None => {
                 for i in 0..count {
                     match elem_type {
                         GgufValueType::String => {
-                            let len = self
-                                .u64(&|| format!("length of string #{i} of array `{key}`"))?;
+                            let len =
+                                self.u64(&|| format!("length of string #{i} of array `{key}`"))?;
                             self.take(len, &|| format!("string #{i} of array `{key}`"))?;
                         }
                         _ => {

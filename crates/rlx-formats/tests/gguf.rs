@@ -237,7 +237,14 @@ fn parses_metadata_of_every_type() {
         vec![GgufValue::U32(1), GgufValue::U32(2)]
     );
     assert_eq!(
-        nested.get(1).unwrap().as_array().unwrap().get(0).unwrap().as_str(),
+        nested
+            .get(1)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .get(0)
+            .unwrap()
+            .as_str(),
         Some("deep")
     );
     assert_eq!(nested.get(2), None);
@@ -577,7 +584,13 @@ fn big_scalar_arrays_are_views_of_the_file_not_copies() {
     let n = 64 << 20;
     let bytes = Builder::new()
         .kv("big.u8", u8_array(n))
-        .kv("tok.types", arr(5, &[7i32.to_le_bytes().to_vec(), (-1i32).to_le_bytes().to_vec()]))
+        .kv(
+            "tok.types",
+            arr(
+                5,
+                &[7i32.to_le_bytes().to_vec(), (-1i32).to_le_bytes().to_vec()],
+            ),
+        )
         .build();
     let range = bytes.as_ptr_range();
     let t = std::time::Instant::now();
@@ -603,7 +616,10 @@ fn big_scalar_arrays_are_views_of_the_file_not_copies() {
 fn metadata_limits_name_the_key() {
     let bytes = Builder::new()
         .kv("general.architecture", strv("llama"))
-        .kv("tokenizer.ggml.scores", arr(6, &vec![0.5f32.to_le_bytes().to_vec(); 100]))
+        .kv(
+            "tokenizer.ggml.scores",
+            arr(6, &vec![0.5f32.to_le_bytes().to_vec(); 100]),
+        )
         .build();
     // Array length limit.
     let limits = GgufLimits {
@@ -636,7 +652,12 @@ fn huge_in_memory_headers_fail_fast() {
     // Small in-memory images claiming huge counts: each must fail at once,
     // without allocating from the claimed count.
     let t = std::time::Instant::now();
-    for (elem, count) in [(0u32, 1u64 << 40), (8, 1 << 28), (9, 1 << 28), (12, u64::MAX)] {
+    for (elem, count) in [
+        (0u32, 1u64 << 40),
+        (8, 1 << 28),
+        (9, 1 << 28),
+        (12, u64::MAX),
+    ] {
         let mut v = elem.to_le_bytes().to_vec();
         v.extend_from_slice(&count.to_le_bytes());
         v.extend_from_slice(&[0; 16]);

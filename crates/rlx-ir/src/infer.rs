@@ -136,7 +136,9 @@ pub fn infer_shape(op: &Op, inputs: &[Shape]) -> R {
             let n = shape
                 .iter()
                 .try_fold(1usize, |a, &d| a.checked_mul(d))
-                .ok_or_else(|| format!("expected a target shape whose size fits, {shape:?} overflows"))?;
+                .ok_or_else(|| {
+                    format!("expected a target shape whose size fits, {shape:?} overflows")
+                })?;
             if Some(n) != inputs[0].checked_numel() {
                 return Err(format!(
                     "expected target {:?} to hold {} elements, it holds {n}",

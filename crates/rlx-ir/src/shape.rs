@@ -47,7 +47,9 @@ impl Shape {
     /// Number of elements, or `None` when the product of the dims overflows
     /// `usize`.
     pub fn checked_numel(&self) -> Option<usize> {
-        self.dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        self.dims
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
     }
 
     /// Size in bytes, or `None` when it overflows or exceeds `isize::MAX`

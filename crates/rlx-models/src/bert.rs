@@ -111,10 +111,9 @@ impl BertConfig {
         };
         let layer_norm_eps = match get("layer_norm_eps") {
             None => eps(),
-            Some(x) => x
-                .as_f64()
-                .ok_or_else(|| ConfigError::new(file, "layer_norm_eps", x, "a positive finite number"))?
-                as f32,
+            Some(x) => x.as_f64().ok_or_else(|| {
+                ConfigError::new(file, "layer_norm_eps", x, "a positive finite number")
+            })? as f32,
         };
         let string = |key: &str, default: String| -> Result<String, ConfigError> {
             match get(key) {
@@ -161,7 +160,7 @@ impl BertConfig {
         };
         positive("hidden_size", self.hidden_size)?;
         let heads = self.num_attention_heads;
-        if heads == 0 || self.hidden_size % heads != 0 {
+        if heads == 0 || !self.hidden_size.is_multiple_of(heads) {
             return Err(ConfigError::new(
                 file,
                 "num_attention_heads",
@@ -234,7 +233,11 @@ impl BertConfig {
                 _ => Ok(()),
             }
         };
-        table("embeddings.word_embeddings.weight", "vocab_size", self.vocab_size)?;
+        table(
+            "embeddings.word_embeddings.weight",
+            "vocab_size",
+            self.vocab_size,
+        )?;
         table(
             "embeddings.position_embeddings.weight",
             "max_position_embeddings",
@@ -420,11 +423,12 @@ pub fn build_graph(
 /// ([`BertConfig::validate`]), `batch >= 1`, and
 /// `1 <= seq <= max_position_embeddings`.
 pub fn check_shape_args(cfg: &BertConfig, batch: usize, seq: usize) -> Result<(), IrError> {
-    cfg.validate("config").map_err(|e| IrError::InvalidArgument {
-        what: e.key,
-        value: e.value,
-        expected: e.expected,
-    })?;
+    cfg.validate("config")
+        .map_err(|e| IrError::InvalidArgument {
+            what: e.key,
+            value: e.value,
+            expected: e.expected,
+        })?;
     if batch == 0 {
         return Err(IrError::InvalidArgument {
             what: "batch".into(),
@@ -471,12 +475,9 @@ pub fn load_dir_config(dir: &Path) -> Result<(BertConfig, usize), ModelError> {
     let weights = dir.join("model.safetensors");
     if weights.is_file() {
         let st = rlx_formats::SafeTensorsFile::open(&weights)?;
-        cfg.check_tensors(
-            &file,
-            "model.safetensors",
-            st.names(),
-            |n| st.info(n).map(|(_, d)| d),
-        )?;
+        cfg.check_tensors(&file, "model.safetensors", st.names(), |n| {
+            st.info(n).map(|(_, d)| d)
+        })?;
     }
     let max_pos = cfg.max_position_embeddings;
     let st_path = dir.join("sentence_bert_config.json");

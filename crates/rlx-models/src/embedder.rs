@@ -398,7 +398,11 @@ fn check_outputs_finite(outs: &[Tensor]) -> Result<(), ModelError> {
     for (output, t) in outs.iter().enumerate() {
         if let TensorData::F32(v) = &*t.data {
             if let Some((index, &value)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
-                let what = if output == 0 { "pooled embeddings" } else { "token states" };
+                let what = if output == 0 {
+                    "pooled embeddings"
+                } else {
+                    "token states"
+                };
                 return Err(ModelError::NonFinite {
                     output,
                     what,

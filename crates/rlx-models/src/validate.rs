@@ -75,7 +75,11 @@ mod tests {
 
     #[test]
     fn layer_counts_come_from_names() {
-        let names = ["blk.0.attn_q.weight", "blk.11.ffn_up.weight", "output.weight"];
+        let names = [
+            "blk.0.attn_q.weight",
+            "blk.11.ffn_up.weight",
+            "output.weight",
+        ];
         assert_eq!(layers_in_names(names, "blk."), 12);
         assert_eq!(layers_in_names(["token_embd.weight"], "blk."), 0);
         assert_eq!(layers_in_names(["blk.x.w"], "blk."), 0);
@@ -83,7 +87,12 @@ mod tests {
 
     #[test]
     fn messages_name_key_value_and_expectation() {
-        let e = ConfigError::new("config.json", "num_attention_heads", 0, "a positive divisor of hidden_size 384");
+        let e = ConfigError::new(
+            "config.json",
+            "num_attention_heads",
+            0,
+            "a positive divisor of hidden_size 384",
+        );
         assert_eq!(
             e.to_string(),
             "config.json: num_attention_heads = 0: expected a positive divisor of hidden_size 384"

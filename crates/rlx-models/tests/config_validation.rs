@@ -59,7 +59,10 @@ fn bad_config_values_name_key_value_and_expectation() {
             "config.json",
             "num_attention_heads",
             json!(0),
-            vec!["num_attention_heads = 0", "expected a positive divisor of hidden_size 384"],
+            vec![
+                "num_attention_heads = 0",
+                "expected a positive divisor of hidden_size 384",
+            ],
         ),
         (
             "config.json",
@@ -83,7 +86,10 @@ fn bad_config_values_name_key_value_and_expectation() {
             "config.json",
             "num_hidden_layers",
             json!(7),
-            vec!["num_hidden_layers = 7", "encoder layers in model.safetensors (6)"],
+            vec![
+                "num_hidden_layers = 7",
+                "encoder layers in model.safetensors (6)",
+            ],
         ),
         (
             "config.json",
@@ -113,13 +119,20 @@ fn bad_config_values_name_key_value_and_expectation() {
             "config.json",
             "hidden_size",
             json!(768),
-            vec!["hidden_size = 768", "embeddings.word_embeddings.weight [30522, 384]"],
+            vec![
+                "hidden_size = 768",
+                "embeddings.word_embeddings.weight [30522, 384]",
+            ],
         ),
         (
             "config.json",
             "vocab_size",
             json!(100),
-            vec!["vocab_size = 100", "rows of embeddings.word_embeddings.weight", "(30522)"],
+            vec![
+                "vocab_size = 100",
+                "rows of embeddings.word_embeddings.weight",
+                "(30522)",
+            ],
         ),
         (
             "config.json",
@@ -149,7 +162,10 @@ fn bad_config_values_name_key_value_and_expectation() {
             "sentence_bert_config.json",
             "max_seq_length",
             json!("abc"),
-            vec!["max_seq_length = \"abc\"", "positive integer <= max_position_embeddings 512"],
+            vec![
+                "max_seq_length = \"abc\"",
+                "positive integer <= max_position_embeddings 512",
+            ],
         ),
         (
             "sentence_bert_config.json",
@@ -173,10 +189,14 @@ fn bad_config_values_name_key_value_and_expectation() {
     for (i, (file, key, value, wants)) in cases.into_iter().enumerate() {
         let dir = mutated(&m, &format!("c{i}"), file, key, value.clone());
         let t = std::time::Instant::now();
-        let err = SentenceEmbedder::load(&dir).err().unwrap_or_else(|| {
-            panic!("{file}: {key} = {value} was accepted")
-        });
-        assert!(t.elapsed().as_secs() < 20, "{key} = {value}: took {:?}", t.elapsed());
+        let err = SentenceEmbedder::load(&dir)
+            .err()
+            .unwrap_or_else(|| panic!("{file}: {key} = {value} was accepted"));
+        assert!(
+            t.elapsed().as_secs() < 20,
+            "{key} = {value}: took {:?}",
+            t.elapsed()
+        );
         let msg = err.to_string();
         assert!(
             matches!(&err, ModelError::InvalidConfig(ConfigError { key: k, .. }) if k == key),
@@ -187,14 +207,19 @@ fn bad_config_values_name_key_value_and_expectation() {
             assert!(msg.contains(w), "{key} = {value}: {msg:?} lacks {w:?}");
         }
         // `rlx plan` / `rlx bench` read the same checked config.
-        let plan = rlx_models::bert::load_dir_config(&dir).unwrap_err().to_string();
+        let plan = rlx_models::bert::load_dir_config(&dir)
+            .unwrap_err()
+            .to_string();
         assert_eq!(plan, msg);
         let _ = std::fs::remove_dir_all(&dir);
     }
     // An unknown activation is an unsupported architecture, not a panic.
     let dir = mutated(&m, "act", "config.json", "hidden_act", json!("swoosh"));
     let err = SentenceEmbedder::load(&dir).err().unwrap();
-    assert!(matches!(err, ModelError::UnknownArchitecture { .. }), "{err}");
+    assert!(
+        matches!(err, ModelError::UnknownArchitecture { .. }),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -208,7 +233,10 @@ fn sequence_longer_than_the_position_table_names_max_position_embeddings() {
     let msg = rlx_models::bert::build_graph(&cfg, 1, 1000, outs)
         .unwrap_err()
         .to_string();
-    assert!(msg.contains("seq = 1000") && msg.contains("max_position_embeddings"), "{msg}");
+    assert!(
+        msg.contains("seq = 1000") && msg.contains("max_position_embeddings"),
+        "{msg}"
+    );
     assert!(msg.contains("1..=512"), "{msg}");
     // seq 1e9 is refused before the position constant (8 bytes a row) is built.
     let t = std::time::Instant::now();
@@ -240,7 +268,7 @@ fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
         );
     }
     let mut h = Value::Object(header).to_string().into_bytes();
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     let mut out = (h.len() as u64).to_le_bytes().to_vec();
@@ -302,11 +330,18 @@ fn non_finite_weights_are_an_error_not_null_embeddings() {
     let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
     // A healthy tiny model embeds finitely.
     let ok = tiny_bert(&m, "ok", "", 0.0);
-    let e = SentenceEmbedder::load(&ok).unwrap().embed(&["hello world"]).unwrap();
+    let e = SentenceEmbedder::load(&ok)
+        .unwrap()
+        .embed(&["hello world"])
+        .unwrap();
     assert!(e[0].iter().all(|v| v.is_finite()));
     for (name, bad, poison) in [
         ("nan", "embeddings.LayerNorm.weight", f32::NAN),
-        ("inf", "encoder.layer.0.attention.output.dense.bias", f32::INFINITY),
+        (
+            "inf",
+            "encoder.layer.0.attention.output.dense.bias",
+            f32::INFINITY,
+        ),
     ] {
         let dir = tiny_bert(&m, name, bad, poison);
         // Default: one check of the outputs after the run.
@@ -340,7 +375,12 @@ fn check_finite_env_names_the_first_node() {
         return;
     };
     let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = tiny_bert(&m, "nan-env", "encoder.layer.0.intermediate.dense.bias", f32::NAN);
+    let dir = tiny_bert(
+        &m,
+        "nan-env",
+        "encoder.layer.0.intermediate.dense.bias",
+        f32::NAN,
+    );
     // Read when a model is compiled (on the first embed of a shape).
     std::env::set_var("RLX_CHECK_FINITE", "1");
     let opts = EmbedOptions {
@@ -363,6 +403,9 @@ fn check_finite_env_names_the_first_node() {
         }
         _ => panic!("expected NonFinite from the executor, got {msg}"),
     }
-    assert!(msg.contains("produced a non-finite value") && msg.contains("NaN"), "{msg}");
+    assert!(
+        msg.contains("produced a non-finite value") && msg.contains("NaN"),
+        "{msg}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

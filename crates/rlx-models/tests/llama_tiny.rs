@@ -563,7 +563,10 @@ fn bad_hyperparameters_name_key_value_and_expectation() {
         (
             MetaU32("attention.head_count", 0),
             "heads0",
-            &["llama.attention.head_count = 0", "positive divisor of embedding_length 64"],
+            &[
+                "llama.attention.head_count = 0",
+                "positive divisor of embedding_length 64",
+            ],
         ),
         (
             MetaU32("attention.head_count", 5),
@@ -573,18 +576,31 @@ fn bad_hyperparameters_name_key_value_and_expectation() {
         (
             MetaU32("attention.head_count_kv", 3),
             "kv3",
-            &["llama.attention.head_count_kv = 3", "divisor of attention.head_count 4"],
+            &[
+                "llama.attention.head_count_kv = 3",
+                "divisor of attention.head_count 4",
+            ],
         ),
         (
             MetaU32("block_count", 10_000_000),
             "layers",
-            &["llama.block_count = 10000000", "blk.N tensor groups in the file (2)"],
+            &[
+                "llama.block_count = 10000000",
+                "blk.N tensor groups in the file (2)",
+            ],
         ),
-        (MetaU32("block_count", 3), "layers3", &["llama.block_count = 3", "(2)"]),
+        (
+            MetaU32("block_count", 3),
+            "layers3",
+            &["llama.block_count = 3", "(2)"],
+        ),
         (
             MetaF32("attention.layer_norm_rms_epsilon", -1.0),
             "eps",
-            &["llama.attention.layer_norm_rms_epsilon = -1", "positive finite"],
+            &[
+                "llama.attention.layer_norm_rms_epsilon = -1",
+                "positive finite",
+            ],
         ),
         (
             MetaF32("rope.freq_base", f32::NAN),
@@ -594,7 +610,10 @@ fn bad_hyperparameters_name_key_value_and_expectation() {
         (
             MetaU32("rope.dimension_count", 7),
             "rot",
-            &["llama.rope.dimension_count = 7", "even positive integer <= head_dim 16"],
+            &[
+                "llama.rope.dimension_count = 7",
+                "even positive integer <= head_dim 16",
+            ],
         ),
         (
             MetaU32("embedding_length", 32),
@@ -632,7 +651,10 @@ fn context_length_bounds_the_kv_cache() {
             matches!(err, LlamaError::ContextLength { max: 256, .. }),
             "{msg}"
         );
-        assert!(msg.contains(&ctx.to_string()) && msg.contains("llama.context_length"), "{msg}");
+        assert!(
+            msg.contains(&ctx.to_string()) && msg.contains("llama.context_length"),
+            "{msg}"
+        );
         // Graph building refuses it too, before any shape is sized by it.
         assert!(build_graph(&w, Phase::Decode, ctx).is_err());
     }

@@ -338,8 +338,14 @@ fn overflowing_shapes_are_refused_naming_node_and_shape() {
     assert_eq!(s.checked_size_bytes(), None);
     assert_eq!(s.numel(), usize::MAX, "numel saturates, never wraps");
     // Product fits usize but the bytes do not fit one allocation.
-    assert_eq!(Shape::new(&[1 << 62], DType::F32).checked_size_bytes(), None);
-    assert_eq!(Shape::new(&[3, 4], DType::F32).checked_size_bytes(), Some(48));
+    assert_eq!(
+        Shape::new(&[1 << 62], DType::F32).checked_size_bytes(),
+        None
+    );
+    assert_eq!(
+        Shape::new(&[3, 4], DType::F32).checked_size_bytes(),
+        Some(48)
+    );
 
     let mut g = Graph::new("huge");
     let x = g.input("x", s.clone());
@@ -351,7 +357,10 @@ fn overflowing_shapes_are_refused_naming_node_and_shape() {
         matches!(&err, rlx::ir::IrError::SizeOverflow { node, shape, .. } if *node == NodeId(0) && *shape == s),
         "{msg}"
     );
-    assert!(msg.contains("Input(x)") && msg.contains("f32[1099511627776,1099511627776]"), "{msg}");
+    assert!(
+        msg.contains("Input(x)") && msg.contains("f32[1099511627776,1099511627776]"),
+        "{msg}"
+    );
     assert!(matches!(
         Session::new(Device::Cpu).compile(g),
         Err(Error::Ir(rlx::ir::IrError::SizeOverflow { .. }))
@@ -359,7 +368,12 @@ fn overflowing_shapes_are_refused_naming_node_and_shape() {
     // A reshape to a shape whose product overflows is a shape error.
     let mut g = Graph::new("reshape");
     let x = g.input("x", Shape::new(&[4], DType::F32));
-    let r = g.push(Op::Reshape { shape: vec![huge, huge, 16] }, vec![x]);
+    let r = g.push(
+        Op::Reshape {
+            shape: vec![huge, huge, 16],
+        },
+        vec![x],
+    );
     assert!(r.is_err(), "{r:?}");
 }
 
@@ -368,7 +382,11 @@ fn compiling_never_allocates_the_arena_and_big_plans_are_refused() {
     // A graph whose arena needs ~64 GiB... under a 1 GiB limit.
     let mut g = Graph::new("big");
     let x = g.input("x", Shape::new(&[1 << 16, 1 << 16], DType::F32));
-    let y = g.activation(Activation::Relu, x, Shape::new(&[1 << 16, 1 << 16], DType::F32));
+    let y = g.activation(
+        Activation::Relu,
+        x,
+        Shape::new(&[1 << 16, 1 << 16], DType::F32),
+    );
     g.set_outputs(vec![y]);
     let cpu = rlx::cpu::CpuModel::compile(g.clone(), &Default::default());
     // Either refused by the machine's RAM, or compiled without allocating.

@@ -61,7 +61,10 @@ impl LlamaConfig {
         }
         let bytes = (2 * self.n_layers as u128) * ctx_len as u128 * self.kv_dim() as u128 * 4;
         rlx_runtime::limits::check_memory(
-            &format!("the KV caches of {ctx_len} positions ({} layers)", self.n_layers),
+            &format!(
+                "the KV caches of {ctx_len} positions ({} layers)",
+                self.n_layers
+            ),
             bytes,
         )?;
         Ok(())
@@ -130,7 +133,11 @@ impl LlamaConfig {
         }
         let d_model = f.get_usize(&key("embedding_length"))?;
         if d_model == 0 {
-            return Err(bad("embedding_length", &d_model, "a positive integer".into()));
+            return Err(bad(
+                "embedding_length",
+                &d_model,
+                "a positive integer".into(),
+            ));
         }
         let emb = f
             .tensor_info("token_embd.weight")
@@ -142,15 +149,23 @@ impl LlamaConfig {
             return Err(bad(
                 "embedding_length",
                 &d_model,
-                format!("the row length of token_embd.weight {:?} ({})", emb.shape(), emb.row_len()),
+                format!(
+                    "the row length of token_embd.weight {:?} ({})",
+                    emb.shape(),
+                    emb.row_len()
+                ),
             ));
         }
         let d_ff = f.get_usize(&key("feed_forward_length"))?;
         if d_ff == 0 {
-            return Err(bad("feed_forward_length", &d_ff, "a positive integer".into()));
+            return Err(bad(
+                "feed_forward_length",
+                &d_ff,
+                "a positive integer".into(),
+            ));
         }
         let n_heads = f.get_usize(&key("attention.head_count"))?;
-        if n_heads == 0 || d_model % n_heads != 0 {
+        if n_heads == 0 || !d_model.is_multiple_of(n_heads) {
             return Err(bad(
                 "attention.head_count",
                 &n_heads,
@@ -158,7 +173,7 @@ impl LlamaConfig {
             ));
         }
         let n_kv_heads = opt_usize("attention.head_count_kv")?.unwrap_or(n_heads);
-        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
             return Err(bad(
                 "attention.head_count_kv",
                 &n_kv_heads,
@@ -167,7 +182,7 @@ impl LlamaConfig {
         }
         let head_dim = d_model / n_heads;
         let n_rot = opt_usize("rope.dimension_count")?.unwrap_or(head_dim);
-        if n_rot == 0 || n_rot > head_dim || n_rot % 2 != 0 {
+        if n_rot == 0 || n_rot > head_dim || !n_rot.is_multiple_of(2) {
             return Err(bad(
                 "rope.dimension_count",
                 &n_rot,
