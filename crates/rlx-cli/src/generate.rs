@@ -257,6 +257,12 @@ pub fn bench(a: BenchLlmArgs) -> Result<(), String> {
     let device = llama_device(a.device, a.mode, a.threads)?;
     let (mut model, prompt) = if a.synthetic {
         let cfg = rlx::models::llama::LlamaConfig::smollm2_135m();
+        checks::ctx(
+            "--prefill + --decode + 1",
+            ctx,
+            cfg.context_length,
+            &cfg.arch,
+        )?;
         let mut w = rlx::models::llama::LlamaWeights::synthetic(
             &cfg,
             rlx::ir::QuantScheme::Q4_1,
