@@ -1,5 +1,6 @@
 //! `rlx bench`: time a BERT model at one shape.
 
+use crate::checks;
 use crate::plan::{graph_for, resolve_config};
 use crate::{DeviceArg, Mode};
 use clap::Args;
@@ -58,6 +59,9 @@ pub struct BenchArgs {
 pub fn run(a: BenchArgs) -> Result<(), String> {
     let hybrid = a.mode == Mode::Hybrid;
     let (cfg, _, dir) = resolve_config(&a.model)?;
+    checks::positive("--batch", a.batch)?;
+    checks::bert_seq("--seq", a.seq, cfg.max_position_embeddings)?;
+    checks::positive("--iters", a.iters)?;
     let (b, s) = (a.batch, a.seq);
     if a.device == DeviceArg::Cuda && a.f16_weights {
         return Err("--f16-weights is a CPU option (on CUDA use --precision f16)".into());
@@ -140,7 +144,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         model.run(&inputs).map_err(|e| e.to_string())?;
     }
     let mut times = Vec::with_capacity(a.iters);
-    for _ in 0..a.iters.max(1) {
+    for _ in 0..a.iters {
         let t = Instant::now();
         model.run(&inputs).map_err(|e| e.to_string())?;
         times.push(t.elapsed().as_secs_f64() * 1e3);

@@ -1,6 +1,6 @@
 //! `rlx generate` and `rlx bench-llm`.
 
-use crate::{models_dir, DeviceArg, Mode};
+use crate::{checks, models_dir, DeviceArg, Mode};
 use clap::Args;
 use rlx::cpu::CpuOptions;
 use rlx::ir::ActivationPrecision;
@@ -17,6 +17,10 @@ fn default_gguf() -> PathBuf {
 
 fn resolve_model(model: &Option<PathBuf>) -> Result<PathBuf, String> {
     match model {
+        Some(p) if p.is_dir() => Err(format!(
+            "--model {}: is a directory; expected a .gguf file",
+            p.display()
+        )),
         Some(p) => Ok(p.clone()),
         None => {
             let p = default_gguf();
@@ -66,6 +70,7 @@ fn activations(int8: bool) -> ActivationPrecision {
 
 fn load(
     path: &PathBuf,
+    ctx_flag: &str,
     ctx: usize,
     device: LlamaDevice,
     act: ActivationPrecision,
@@ -73,6 +78,9 @@ fn load(
     let f = rlx::formats::GgufFile::open(path).map_err(|e| e.to_string())?;
     let tok = GgufTokenizer::from_gguf(&f).map_err(|e| e.to_string())?;
     let cfg = LlamaConfig::from_gguf(&f).map_err(|e| e.to_string())?;
+    checks::ctx(ctx_flag, ctx, cfg.context_length, &cfg.arch)?;
+    cfg.check_ctx(ctx)
+        .map_err(|e| format!("{ctx_flag} {ctx}: {e}"))?;
     let mut w = LlamaWeights::load(&f, &cfg).map_err(|e| e.to_string())?;
     w.activations = act;
     let model = LlamaModel::from_weights_on(w, ctx, device).map_err(|e| e.to_string())?;
@@ -126,9 +134,23 @@ pub struct GenerateArgs {
 
 /// Run `rlx generate`, streaming text to stdout.
 pub fn run(a: GenerateArgs) -> Result<(), String> {
+    checks::positive("--ctx", a.ctx)?;
+    checks::in_range(
+        "--max-tokens",
+        a.max_tokens,
+        1,
+        a.ctx - 1,
+        "--ctx minus a prompt of at least 1 token",
+    )?;
     let path = resolve_model(&a.model)?;
     let device = llama_device(a.device, a.mode, a.threads)?;
-    let (mut model, tok) = load(&path, a.ctx, device, activations(a.int8_activations))?;
+    let (mut model, tok) = load(
+        &path,
+        "--ctx",
+        a.ctx,
+        device,
+        activations(a.int8_activations),
+    )?;
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -143,14 +165,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
     if prompt.is_empty() {
         return Err("the prompt encodes to no tokens".into());
     }
-    if prompt.len() + a.max_tokens > a.ctx {
-        return Err(format!(
-            "prompt ({} tokens) + --max-tokens {} exceeds --ctx {}",
-            prompt.len(),
-            a.max_tokens,
-            a.ctx
-        ));
-    }
+    checks::max_tokens(a.max_tokens, prompt.len(), a.ctx)?;
     let mut history = prompt.clone();
     let mut stream = tok.stream_decoder();
     let mut out = std::io::stdout().lock();
@@ -236,10 +251,22 @@ pub struct BenchLlmArgs {
 
 /// Run `rlx bench-llm`.
 pub fn bench(a: BenchLlmArgs) -> Result<(), String> {
-    let ctx = a.prefill + a.decode + 1;
+    checks::positive("--prefill", a.prefill)?;
+    checks::positive("--reps", a.reps)?;
+    let ctx = a
+        .prefill
+        .checked_add(a.decode)
+        .and_then(|n| n.checked_add(1))
+        .ok_or_else(|| format!("--prefill {} + --decode {}: too large", a.prefill, a.decode))?;
     let device = llama_device(a.device, a.mode, a.threads)?;
     let (mut model, prompt) = if a.synthetic {
         let cfg = rlx::models::llama::LlamaConfig::smollm2_135m();
+        checks::ctx(
+            "--prefill + --decode + 1",
+            ctx,
+            cfg.context_length,
+            &cfg.arch,
+        )?;
         let mut w = rlx::models::llama::LlamaWeights::synthetic(
             &cfg,
             rlx::ir::QuantScheme::Q4_1,
@@ -253,7 +280,13 @@ pub fn bench(a: BenchLlmArgs) -> Result<(), String> {
         (m, prompt)
     } else {
         let path = resolve_model(&a.model)?;
-        let (m, tok) = load(&path, ctx, device, activations(a.int8_activations))?;
+        let (m, tok) = load(
+            &path,
+            "--prefill + --decode + 1",
+            ctx,
+            device,
+            activations(a.int8_activations),
+        )?;
         let text = "The history of computing is a story of people, machines and ideas. ".repeat(64);
         let mut prompt = tok.encode(&text, false).map_err(|e| e.to_string())?;
         prompt.truncate(a.prefill);

@@ -1,6 +1,7 @@
 //! The `rlx` command-line tool.
 
 mod bench;
+mod checks;
 mod embed;
 mod generate;
 mod plan;

@@ -1,5 +1,6 @@
 //! `rlx plan`.
 
+use crate::checks;
 use crate::{DeviceArg, Mode};
 use clap::Args;
 use rlx::cpu::{CpuModel, CpuOptions};
@@ -148,11 +149,7 @@ pub fn resolve_config(model: &str) -> Result<(BertConfig, bool, Option<PathBuf>)
             } else {
                 PathBuf::from(other)
             };
-            let path = dir.join("config.json");
-            let text =
-                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let cfg: BertConfig =
-                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            let (cfg, _) = rlx::models::bert::load_dir_config(&dir).map_err(|e| e.to_string())?;
             Ok((cfg, true, Some(dir)))
         }
     }
@@ -219,6 +216,10 @@ fn gguf_graph(a: &PlanArgs) -> Result<rlx::ir::Graph, String> {
     };
     let f = rlx::formats::GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let cfg = LlamaConfig::from_gguf(&f).map_err(|e| e.to_string())?;
+    checks::ctx("--ctx", a.ctx, cfg.context_length, &cfg.arch)?;
+    checks::in_range("--seq", a.seq, 1, a.ctx, "--ctx")?;
+    cfg.check_ctx(a.ctx)
+        .map_err(|e| format!("--ctx {}: {e}", a.ctx))?;
     let mut w = LlamaWeights::load(&f, &cfg).map_err(|e| e.to_string())?;
     if a.int8_activations {
         w.activations = rlx::ir::ActivationPrecision::Int8;
@@ -245,6 +246,8 @@ fn dequant_activations(g: &rlx::ir::Graph) -> std::collections::BTreeMap<&'stati
 /// Run `rlx plan`.
 pub fn run(a: PlanArgs) -> Result<(), String> {
     let gguf = a.model == "smollm2" || a.model.ends_with(".gguf");
+    checks::positive("--batch", a.batch)?;
+    checks::positive("--seq", a.seq)?;
     let (g, passes) = if gguf {
         (gguf_graph(&a)?, None)
     } else if a.model == "gdn-hybrid" {
@@ -258,6 +261,7 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
         }
     } else {
         let (cfg, pooled, _) = resolve_config(&a.model)?;
+        checks::bert_seq("--seq", a.seq, cfg.max_position_embeddings)?;
         graph_for(&cfg, pooled, a.batch, a.seq, !a.no_opt)?
     };
     let planned = match a.device {

@@ -44,6 +44,30 @@ pub struct CpuOptions {
     /// portable kernel is ~2.5x slower than f32 on Zen 3. Takes
     /// precedence over `f16_weights`. Off by default.
     pub bf16: bool,
+    /// After every step, check each f32 tensor it wrote for NaN and
+    /// infinities, and fail the run with [`RuntimeError::NonFinite`] naming
+    /// the first node (id, op, shape) that produced one. A thunk reports its
+    /// own node; a compiled segment reports the first boundary output found
+    /// non-finite (its internal tensors live in scratch and are not
+    /// checked). Costs one pass over every written tensor. Also switched on
+    /// by the environment variable [`CHECK_FINITE_ENV`]`=1`.
+    pub check_finite: bool,
+}
+
+/// Environment variable that turns on [`CpuOptions::check_finite`] for every
+/// compiled model (`1`, `true` or `yes`).
+pub const CHECK_FINITE_ENV: &str = "RLX_CHECK_FINITE";
+
+/// Whether [`CHECK_FINITE_ENV`] asks for finite checks.
+pub fn check_finite_from_env() -> bool {
+    std::env::var(CHECK_FINITE_ENV)
+        .map(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "on"
+            )
+        })
+        .unwrap_or(false)
 }
 
 /// Time spent in one dispatch of a profiled run.
@@ -70,6 +94,8 @@ struct Core {
     steps: Vec<Step<FusedPlan>>,
     report: PlanReport,
     mem: MemoryPlan,
+    /// Allocated on the first run (empty until then), so compiling to
+    /// inspect a plan never touches the arena's memory.
     arena: Vec<u64>,
     scratch_bytes: usize,
     /// Collects per-dispatch timings while `Some`.
@@ -116,6 +142,8 @@ impl Core {
             })
             .max()
             .unwrap_or(0);
+        let what = format!("the arena and segment scratch of graph '{}'", graph.name);
+        rlx_runtime::limits::check_memory(&what, mem.arena_bytes as u128 + scratch_bytes as u128)?;
         let regions = graph
             .nodes()
             .iter()
@@ -129,7 +157,7 @@ impl Core {
             .collect();
         Ok(Core {
             regions,
-            arena: vec![0u64; mem.arena_bytes.div_ceil(8)],
+            arena: Vec::new(),
             schedule: ThunkSchedule::new(&graph),
             graph,
             steps: plan.steps,
@@ -144,13 +172,39 @@ impl Core {
         self.regions[id.index()]
     }
 
+    /// Allocate the arena if this is the first run (fallibly: an arena the
+    /// allocator refuses is an error, not an abort).
+    fn ensure_arena(&mut self) -> Result<(), RuntimeError> {
+        let words = self.mem.arena_bytes.div_ceil(8);
+        if self.arena.len() != words {
+            let mut a: Vec<u64> = Vec::new();
+            a.try_reserve_exact(words)
+                .map_err(|_| RuntimeError::MemoryLimit {
+                    what: format!(
+                        "the arena of graph '{}' (allocation refused)",
+                        self.graph.name
+                    ),
+                    bytes: self.mem.arena_bytes as u128,
+                    limit: rlx_runtime::limits::memory_limit()
+                        .ok()
+                        .flatten()
+                        .unwrap_or(0),
+                })?;
+            a.resize(words, 0);
+            self.arena = a;
+        }
+        Ok(())
+    }
+
     fn execute(
         &mut self,
         inputs: &HashMap<NodeId, TensorRef<'_>>,
         params: &mut HashMap<String, Tensor>,
         packed: &PackedParams,
         poison: bool,
+        check_finite: bool,
     ) -> Result<Vec<Tensor>, RuntimeError> {
+        self.ensure_arena()?;
         for (&id, data) in inputs {
             if let Some(r) = self.region(id) {
                 let dst =
@@ -189,6 +243,9 @@ impl Core {
                         if p.root == node.id {
                             let t0 = std::time::Instant::now();
                             run_thunk(graph, node, regions, arena, params, packed)?;
+                            if check_finite {
+                                check_node_finite(graph, node.id, regions, arena, "")?;
+                            }
                             if let Some(prof) = profile.as_mut() {
                                 let ins = shapes_of(node);
                                 prof.push(ProfileEntry {
@@ -233,6 +290,16 @@ impl Core {
                             message,
                         }
                     })?;
+                    if check_finite {
+                        let context = format!(
+                            " (boundary output of compiled segment {}..={})",
+                            segment.nodes[0],
+                            segment.nodes[segment.nodes.len() - 1]
+                        );
+                        for &o in &segment.boundary_outputs {
+                            check_node_finite(graph, o, regions, arena, &context)?;
+                        }
+                    }
                     if let Some(prof) = profile.as_mut() {
                         let flops = segment
                             .nodes
@@ -288,6 +355,51 @@ fn internal(node: NodeId, what: &str) -> RuntimeError {
         op: "executor".into(),
         message: format!("internal planner error: {what}"),
     }
+}
+
+/// [`RuntimeError::NonFinite`] if node `id`'s f32 region holds a NaN or an
+/// infinity.
+fn check_node_finite(
+    graph: &Graph,
+    id: NodeId,
+    regions: &[Option<Region>],
+    arena: &[u64],
+    context: &str,
+) -> Result<(), RuntimeError> {
+    let Some(r) = regions[id.index()] else {
+        return Ok(());
+    };
+    if r.dtype != rlx_ir::DType::F32 {
+        return Ok(());
+    }
+    let bytes = region(arena, r).ok_or_else(|| internal(id, "finite check slot"))?;
+    let found = match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+        Ok(v) => first_non_finite(v.iter().copied()),
+        Err(_) => first_non_finite(
+            bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ),
+    };
+    match found {
+        None => Ok(()),
+        Some((index, value)) => {
+            let node = graph.node(id);
+            Err(RuntimeError::NonFinite {
+                node: id,
+                op: node.op.describe(),
+                shape: node.shape.clone(),
+                index,
+                value,
+                context: context.to_string(),
+            })
+        }
+    }
+}
+
+/// The first element that is NaN or infinite, with its index.
+pub(crate) fn first_non_finite(v: impl Iterator<Item = f32>) -> Option<(usize, f32)> {
+    v.enumerate().find(|(_, x)| !x.is_finite())
 }
 
 fn poison_tick(mem: &MemoryPlan, regions: &[Option<Region>], arena: &mut [u64], tick: usize) {
@@ -508,14 +620,31 @@ pub struct CpuModel {
     stale: HashSet<String>,
     pool: Option<rayon::ThreadPool>,
     poison: bool,
+    check_finite: bool,
     f16_weights: bool,
     bf16: bool,
 }
 
 impl CpuModel {
     /// Verify and plan `graph` for the CPU.
+    ///
+    /// Nothing big is allocated here: the arena is allocated on the first
+    /// run. The plan's memory (arena, segment scratch and the params the
+    /// caller will bind) is checked against
+    /// [`rlx_runtime::limits::memory_limit`] first, and a graph that would
+    /// not fit is a [`RuntimeError::MemoryLimit`] naming the size.
     pub fn compile(graph: Graph, opts: &CpuOptions) -> Result<CpuModel, RuntimeError> {
         graph.verify()?;
+        let param_bytes: u128 = graph
+            .nodes()
+            .iter()
+            .filter(|n| matches!(n.op, Op::Param { .. }))
+            .map(|n| n.shape.size_bytes() as u128)
+            .sum();
+        rlx_runtime::limits::check_memory(
+            &format!("the params of graph '{}'", graph.name),
+            param_bytes,
+        )?;
         let StaticSplit { main, prep } = split_static(&graph);
         let prep = match prep {
             None => None,
@@ -568,9 +697,27 @@ impl CpuModel {
             stale: HashSet::new(),
             pool,
             poison: opts.poison_freed,
+            check_finite: opts.check_finite || check_finite_from_env(),
             f16_weights: opts.f16_weights,
             bf16: opts.bf16,
         })
+    }
+
+    /// Whether every step's outputs are checked for NaN/inf
+    /// ([`CpuOptions::check_finite`] or `RLX_CHECK_FINITE=1`).
+    pub fn checks_finite(&self) -> bool {
+        self.check_finite
+    }
+
+    /// Turn the per-step finite checks on or off after compiling.
+    pub fn set_check_finite(&mut self, on: bool) {
+        self.check_finite = on;
+    }
+
+    /// Whether the arena has been allocated (it is, from the first run on;
+    /// compiling alone never allocates it).
+    pub fn arena_allocated(&self) -> bool {
+        !self.core.arena.is_empty() || self.core.mem.arena_bytes == 0
     }
 
     /// Bytes of the memory plan's safety check: no two live tensors overlap.
@@ -703,9 +850,13 @@ impl CpuModel {
         }
         if self.dirty {
             if let Some(prep) = &mut self.prep {
-                let outs =
-                    prep.core
-                        .execute(&HashMap::new(), &mut self.params, &HashMap::new(), false)?;
+                let outs = prep.core.execute(
+                    &HashMap::new(),
+                    &mut self.params,
+                    &HashMap::new(),
+                    false,
+                    self.check_finite,
+                )?;
                 for (name, t) in prep.names.iter().zip(outs) {
                     self.params.insert(name.clone(), t);
                     self.stale.insert(name.clone());
@@ -714,8 +865,13 @@ impl CpuModel {
             self.repack()?;
             self.dirty = false;
         }
-        self.core
-            .execute(&bound, &mut self.params, &self.packed, self.poison)
+        self.core.execute(
+            &bound,
+            &mut self.params,
+            &self.packed,
+            self.poison,
+            self.check_finite,
+        )
     }
 }
 

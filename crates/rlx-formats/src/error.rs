@@ -176,6 +176,27 @@ pub enum FormatError {
         /// The computation that overflowed.
         what: String,
     },
+    /// GGUF metadata is larger than the reader's limits
+    /// (`GgufLimits`): an array too long, or too many metadata bytes.
+    #[error("{path}: metadata key `{key}`: {what} exceeds the limit ({limit})", path = path.display())]
+    MetadataLimit {
+        /// File.
+        path: PathBuf,
+        /// Metadata key (or what was being read).
+        key: String,
+        /// What was found, with its size.
+        what: String,
+        /// The limit.
+        limit: String,
+    },
+    /// The path is a directory (or another non-file).
+    #[error("{path}: is a directory, expected {expected}", path = path.display())]
+    NotAFile {
+        /// The path given.
+        path: PathBuf,
+        /// What was expected there.
+        expected: String,
+    },
     /// A GGUF metadata key is missing.
     #[error("{path}: metadata key `{key}` not found", path = path.display())]
     MissingKey {

@@ -13,11 +13,19 @@
 //! Every count and size in the file is untrusted: reads are bounds-checked,
 //! arithmetic is checked, and nothing is preallocated from a declared count
 //! beyond what the remaining bytes could hold.
+//!
+//! Metadata arrays are not decoded at open: a [`GgufArray`] is a view of its
+//! bytes in the mapping (element type, count, byte range), so parsing costs
+//! O(1) memory per array whatever its length. Elements are decoded when
+//! read. [`GgufLimits`] bounds array lengths and the total metadata size;
+//! a file past them is a [`FormatError::MetadataLimit`] naming the key.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 
@@ -33,6 +41,51 @@ pub const MAX_DIMS: u32 = 4;
 
 /// Maximum nesting depth of metadata arrays.
 const MAX_ARRAY_DEPTH: usize = 16;
+
+/// Bounds on the metadata a [`GgufFile`] accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GgufLimits {
+    /// Most elements in one metadata array (nested arrays count each level).
+    pub max_array_len: u64,
+    /// Most bytes of the whole metadata section (keys, types and values).
+    pub max_metadata_bytes: u64,
+}
+
+impl Default for GgufLimits {
+    /// 256 Mi elements per array (vocabularies are ~50k-260k tokens; arrays
+    /// are views of the file, so a long one costs no memory) and 512 MiB of
+    /// metadata.
+    fn default() -> Self {
+        GgufLimits {
+            max_array_len: 1 << 28,
+            max_metadata_bytes: 512 << 20,
+        }
+    }
+}
+
+/// The bytes a [`GgufFile`] reads: a memory map or an owned buffer.
+enum Backing {
+    Map(Mmap),
+    Bytes(Vec<u8>),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Map(m) => m,
+            Backing::Bytes(b) => b,
+        }
+    }
+}
+
+impl fmt::Debug for Backing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Backing::Map(m) => write!(f, "Mmap({} bytes)", m.len()),
+            Backing::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+        }
+    }
+}
 
 /// The type of a GGUF metadata value. The discriminant is the file's id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -108,15 +161,16 @@ impl GgufValueType {
         }
     }
 
-    /// The fewest bytes one value of this type occupies in the file.
-    fn min_size(self) -> usize {
+    /// The size of one value of a fixed-size type (`None` for strings and
+    /// arrays).
+    pub fn fixed_size(self) -> Option<usize> {
         use GgufValueType::*;
         match self {
-            U8 | I8 | Bool => 1,
-            U16 | I16 => 2,
-            U32 | I32 | F32 => 4,
-            U64 | I64 | F64 | String => 8,
-            Array => 12,
+            U8 | I8 | Bool => Some(1),
+            U16 | I16 => Some(2),
+            U32 | I32 | F32 => Some(4),
+            U64 | I64 | F64 => Some(8),
+            String | Array => None,
         }
     }
 }
@@ -159,12 +213,241 @@ pub enum GgufValue {
 }
 
 /// A metadata array: every element has type `elem_type`.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// A view of the array's bytes in the file (kept alive by a shared handle
+/// to the mapping): opening a file never copies or decodes array elements,
+/// [`get`](Self::get) and [`iter`](Self::iter) decode them on demand. The
+/// bytes were validated at open, so decoding cannot fail.
+#[derive(Clone)]
 pub struct GgufArray {
     /// Element type.
     pub elem_type: GgufValueType,
-    /// Elements.
-    pub values: Vec<GgufValue>,
+    len: usize,
+    /// Byte range of the elements in `data`.
+    start: usize,
+    end: usize,
+    data: Arc<Backing>,
+}
+
+impl GgufArray {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the array has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The elements' bytes as stored (little-endian scalars, or
+    /// length-prefixed strings, or nested array headers and payloads).
+    pub fn raw_bytes(&self) -> &[u8] {
+        &self.data.bytes()[self.start..self.end]
+    }
+
+    /// Element `i`, decoded (`O(1)` for fixed-size elements, `O(i)` for
+    /// strings and nested arrays).
+    pub fn get(&self, i: usize) -> Option<GgufValue> {
+        if i >= self.len {
+            return None;
+        }
+        match self.elem_type.fixed_size() {
+            Some(w) => {
+                let at = self.start + i * w;
+                decode_scalar(self.elem_type, self.data.bytes().get(at..at + w)?)
+            }
+            None => self.iter().nth(i),
+        }
+    }
+
+    /// The elements in order, decoded one at a time.
+    pub fn iter(&self) -> GgufArrayIter<'_> {
+        GgufArrayIter {
+            array: self,
+            pos: self.start,
+            left: self.len,
+        }
+    }
+
+    /// Every element decoded into a `Vec` (allocates one [`GgufValue`] per
+    /// element: prefer [`iter`](Self::iter) or the typed getters of
+    /// [`GgufFile`] for long arrays).
+    pub fn values(&self) -> Vec<GgufValue> {
+        self.iter().collect()
+    }
+
+    /// The strings of a string array (`None` for another element type);
+    /// invalid UTF-8 is replaced with U+FFFD.
+    pub fn strings(&self) -> Option<impl Iterator<Item = Cow<'_, str>>> {
+        if self.elem_type != GgufValueType::String {
+            return None;
+        }
+        let bytes = self.data.bytes();
+        let mut pos = self.start;
+        let mut left = self.len;
+        Some(std::iter::from_fn(move || {
+            if left == 0 {
+                return None;
+            }
+            left -= 1;
+            let (s, next) = read_str(bytes, pos)?;
+            pos = next;
+            Some(String::from_utf8_lossy(s))
+        }))
+    }
+}
+
+impl fmt::Debug for GgufArray {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut l = f.debug_list();
+        for v in self.iter().take(16) {
+            l.entry(&v);
+        }
+        if self.len > 16 {
+            l.entry(&format_args!(
+                "... {} elements of {}",
+                self.len, self.elem_type
+            ));
+        }
+        l.finish()
+    }
+}
+
+impl PartialEq for GgufArray {
+    fn eq(&self, other: &Self) -> bool {
+        self.elem_type == other.elem_type
+            && self.len == other.len
+            && self.iter().zip(other.iter()).all(|(a, b)| a == b)
+    }
+}
+
+/// Iterator over the decoded elements of a [`GgufArray`].
+#[derive(Debug)]
+pub struct GgufArrayIter<'a> {
+    array: &'a GgufArray,
+    pos: usize,
+    left: usize,
+}
+
+impl Iterator for GgufArrayIter<'_> {
+    type Item = GgufValue;
+
+    fn next(&mut self) -> Option<GgufValue> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let a = self.array;
+        let bytes = a.data.bytes();
+        let (v, next) = decode_at(&a.data, bytes, a.elem_type, self.pos)?;
+        self.pos = next;
+        Some(v)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+/// A fixed-size scalar from exactly its bytes.
+fn decode_scalar(ty: GgufValueType, b: &[u8]) -> Option<GgufValue> {
+    use GgufValueType as T;
+    Some(match ty {
+        T::U8 => GgufValue::U8(b[0]),
+        T::I8 => GgufValue::I8(b[0] as i8),
+        T::Bool => GgufValue::Bool(b[0] != 0),
+        T::U16 => GgufValue::U16(u16::from_le_bytes(b.try_into().ok()?)),
+        T::I16 => GgufValue::I16(i16::from_le_bytes(b.try_into().ok()?)),
+        T::U32 => GgufValue::U32(u32::from_le_bytes(b.try_into().ok()?)),
+        T::I32 => GgufValue::I32(i32::from_le_bytes(b.try_into().ok()?)),
+        T::F32 => GgufValue::F32(f32::from_le_bytes(b.try_into().ok()?)),
+        T::U64 => GgufValue::U64(u64::from_le_bytes(b.try_into().ok()?)),
+        T::I64 => GgufValue::I64(i64::from_le_bytes(b.try_into().ok()?)),
+        T::F64 => GgufValue::F64(f64::from_le_bytes(b.try_into().ok()?)),
+        T::String | T::Array => return None,
+    })
+}
+
+/// A length-prefixed string at `pos`, and the position after it.
+fn read_str(bytes: &[u8], pos: usize) -> Option<(&[u8], usize)> {
+    let len = u64::from_le_bytes(bytes.get(pos..pos.checked_add(8)?)?.try_into().ok()?);
+    let start = pos + 8;
+    let end = start.checked_add(usize::try_from(len).ok()?)?;
+    Some((bytes.get(start..end)?, end))
+}
+
+/// The value of type `ty` at `pos` (validated at open), and the position
+/// after it.
+fn decode_at(
+    data: &Arc<Backing>,
+    bytes: &[u8],
+    ty: GgufValueType,
+    pos: usize,
+) -> Option<(GgufValue, usize)> {
+    match ty {
+        GgufValueType::String => {
+            let (s, next) = read_str(bytes, pos)?;
+            Some((
+                GgufValue::String(String::from_utf8_lossy(s).into_owned()),
+                next,
+            ))
+        }
+        GgufValueType::Array => {
+            let id = u32::from_le_bytes(bytes.get(pos..pos + 4)?.try_into().ok()?);
+            let elem_type = GgufValueType::from_id(id)?;
+            let count = u64::from_le_bytes(bytes.get(pos + 4..pos + 12)?.try_into().ok()?);
+            let len = usize::try_from(count).ok()?;
+            let start = pos + 12;
+            let end = skip_elems(bytes, elem_type, len, start, 0)?;
+            let a = GgufArray {
+                elem_type,
+                len,
+                start,
+                end,
+                data: data.clone(),
+            };
+            Some((GgufValue::Array(a), end))
+        }
+        _ => {
+            let w = ty.fixed_size()?;
+            let v = decode_scalar(ty, bytes.get(pos..pos.checked_add(w)?)?)?;
+            Some((v, pos + w))
+        }
+    }
+}
+
+/// The end of `count` validated elements of `ty` starting at `pos`.
+fn skip_elems(
+    bytes: &[u8],
+    ty: GgufValueType,
+    count: usize,
+    mut pos: usize,
+    depth: usize,
+) -> Option<usize> {
+    if let Some(w) = ty.fixed_size() {
+        return pos.checked_add(count.checked_mul(w)?);
+    }
+    if depth > MAX_ARRAY_DEPTH {
+        return None;
+    }
+    for _ in 0..count {
+        pos = match ty {
+            GgufValueType::String => read_str(bytes, pos)?.1,
+            _ => {
+                let id = u32::from_le_bytes(bytes.get(pos..pos + 4)?.try_into().ok()?);
+                let n = u64::from_le_bytes(bytes.get(pos + 4..pos + 12)?.try_into().ok()?);
+                skip_elems(
+                    bytes,
+                    GgufValueType::from_id(id)?,
+                    usize::try_from(n).ok()?,
+                    pos + 12,
+                    depth + 1,
+                )?
+            }
+        };
+    }
+    Some(pos)
 }
 
 impl GgufValue {
@@ -308,7 +591,7 @@ impl GgufTensorInfo {
 #[derive(Debug)]
 pub struct GgufFile {
     path: PathBuf,
-    map: Mmap,
+    map: Arc<Backing>,
     version: u32,
     metadata: Vec<(String, GgufValue)>,
     metadata_index: HashMap<String, usize>,
@@ -323,6 +606,9 @@ struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
     path: &'a Path,
+    /// The backing of `buf`, shared with the arrays parsed.
+    data: &'a Arc<Backing>,
+    limits: GgufLimits,
 }
 
 impl<'a> Cursor<'a> {
@@ -368,6 +654,17 @@ impl<'a> Cursor<'a> {
 
     fn string(&mut self, what: &dyn Fn() -> String) -> Result<String, FormatError> {
         let len = self.u64(&|| format!("{} (string length)", what()))?;
+        if len > self.limits.max_metadata_bytes {
+            return Err(FormatError::MetadataLimit {
+                path: self.path.to_path_buf(),
+                key: what(),
+                what: format!("a string of {len} bytes"),
+                limit: format!(
+                    "at most {} bytes of metadata",
+                    self.limits.max_metadata_bytes
+                ),
+            });
+        }
         let bytes = self.take(len, what)?;
         Ok(String::from_utf8_lossy(bytes).into_owned())
     }
@@ -393,45 +690,126 @@ impl<'a> Cursor<'a> {
             T::I64 => GgufValue::I64(i64::from_le_bytes(self.array(&what)?)),
             T::F64 => GgufValue::F64(f64::from_le_bytes(self.array(&what)?)),
             T::String => GgufValue::String(self.string(&what)?),
-            T::Array => {
-                if depth >= MAX_ARRAY_DEPTH {
-                    return Err(FormatError::CorruptHeader {
-                        path: self.path.to_path_buf(),
-                        reason: format!(
-                            "metadata key `{key}`: arrays nested deeper than {MAX_ARRAY_DEPTH}"
-                        ),
-                    });
-                }
-                let type_id = self.u32(&|| format!("array element type of `{key}`"))?;
-                let elem_type = GgufValueType::from_id(type_id).ok_or_else(|| {
-                    FormatError::UnknownValueType {
-                        path: self.path.to_path_buf(),
-                        key: key.to_string(),
-                        type_id,
-                    }
+            T::Array => GgufValue::Array(self.array_value(key, depth)?),
+        })
+    }
+}
+
+impl Cursor<'_> {
+    /// An array header at the cursor, and the array's elements skipped
+    /// (validated, not decoded): O(1) memory whatever the count.
+    fn array_value(&mut self, key: &str, depth: usize) -> Result<GgufArray, FormatError> {
+        if depth >= MAX_ARRAY_DEPTH {
+            return Err(FormatError::CorruptHeader {
+                path: self.path.to_path_buf(),
+                reason: format!(
+                    "metadata key `{key}`: arrays nested deeper than {MAX_ARRAY_DEPTH}"
+                ),
+            });
+        }
+        let type_id = self.u32(&|| format!("array element type of `{key}`"))?;
+        let elem_type =
+            GgufValueType::from_id(type_id).ok_or_else(|| FormatError::UnknownValueType {
+                path: self.path.to_path_buf(),
+                key: key.to_string(),
+                type_id,
+            })?;
+        let count = self.u64(&|| format!("array length of `{key}`"))?;
+        if count > self.limits.max_array_len {
+            return Err(FormatError::MetadataLimit {
+                path: self.path.to_path_buf(),
+                key: key.to_string(),
+                what: format!("array of {elem_type} with {count} elements"),
+                limit: format!("at most {} elements per array", self.limits.max_array_len),
+            });
+        }
+        let start = self.pos;
+        match elem_type.fixed_size() {
+            Some(w) => {
+                // checked: count <= max_array_len, w <= 8.
+                let bytes = count.saturating_mul(w as u64);
+                self.take(bytes, &|| {
+                    format!("{count} {elem_type} elements of array `{key}`")
                 })?;
-                let count = self.u64(&|| format!("array length of `{key}`"))?;
-                // Never trust `count` for allocation: cap by what the rest of
-                // the file could hold.
-                let cap = (self.remaining() / elem_type.min_size())
-                    .min(usize::try_from(count).unwrap_or(usize::MAX));
-                let mut values = Vec::with_capacity(cap);
-                for _ in 0..count {
-                    values.push(self.value(elem_type, key, depth + 1)?);
-                }
-                GgufValue::Array(GgufArray { elem_type, values })
             }
+            None => {
+                for i in 0..count {
+                    match elem_type {
+                        GgufValueType::String => {
+                            let len =
+                                self.u64(&|| format!("length of string #{i} of array `{key}`"))?;
+                            self.take(len, &|| format!("string #{i} of array `{key}`"))?;
+                        }
+                        _ => {
+                            self.array_value(key, depth + 1)?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(GgufArray {
+            elem_type,
+            len: count as usize,
+            start,
+            end: self.pos,
+            data: self.data.clone(),
         })
     }
 }
 
 impl GgufFile {
+    /// Opens and memory-maps `path` with the default [`GgufLimits`]; see
+    /// [`GgufFile::open_with_limits`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, FormatError> {
+        Self::open_with_limits(path, GgufLimits::default())
+    }
+
+    /// Parses a GGUF image held in memory (`name` is used in errors). The
+    /// same checks as [`GgufFile::open`]; tensor data is read from `bytes`.
+    pub fn from_bytes(
+        name: impl Into<PathBuf>,
+        bytes: Vec<u8>,
+        limits: GgufLimits,
+    ) -> Result<Self, FormatError> {
+        Self::from_backing(name.into(), Arc::new(Backing::Bytes(bytes)), limits)
+    }
+
+    fn from_backing(
+        path: PathBuf,
+        map: Arc<Backing>,
+        limits: GgufLimits,
+    ) -> Result<Self, FormatError> {
+        let parsed = parse(&path, &map, limits)?;
+        Ok(GgufFile {
+            path,
+            map,
+            version: parsed.version,
+            metadata: parsed.metadata,
+            metadata_index: parsed.metadata_index,
+            tensors: parsed.tensors,
+            tensor_index: parsed.tensor_index,
+            alignment: parsed.alignment,
+            data_start: parsed.data_start,
+        })
+    }
+
     /// Opens and memory-maps `path`, parsing and validating the header,
     /// metadata and tensor infos. Every tensor's type must be known, its row
     /// length a whole number of blocks, its offset aligned, and its data
-    /// inside the file.
-    pub fn open(path: impl AsRef<Path>) -> Result<Self, FormatError> {
+    /// inside the file. Metadata past `limits` is a
+    /// [`FormatError::MetadataLimit`] naming the key; a directory is a
+    /// [`FormatError::NotAFile`].
+    pub fn open_with_limits(
+        path: impl AsRef<Path>,
+        limits: GgufLimits,
+    ) -> Result<Self, FormatError> {
         let path = path.as_ref().to_path_buf();
+        if path.is_dir() {
+            return Err(FormatError::NotAFile {
+                path,
+                expected: "a .gguf file".into(),
+            });
+        }
         let io = |source| FormatError::Io {
             path: path.clone(),
             source,
@@ -453,18 +831,7 @@ impl GgufFile {
         // change the bytes we read (or fault), which is documented on
         // `GgufFile` as the caller's responsibility.
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let parsed = parse(&path, &map)?;
-        Ok(GgufFile {
-            path,
-            map,
-            version: parsed.version,
-            metadata: parsed.metadata,
-            metadata_index: parsed.metadata_index,
-            tensors: parsed.tensors,
-            tensor_index: parsed.tensor_index,
-            alignment: parsed.alignment,
-            data_start: parsed.data_start,
-        })
+        Self::from_backing(path, Arc::new(Backing::Map(map)), limits)
     }
 
     /// The file path.
@@ -541,13 +908,15 @@ impl GgufFile {
         v.as_array().ok_or_else(|| self.wrong_type(key, "array", v))
     }
 
-    /// The array of strings at `key`.
-    pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>, FormatError> {
+    /// The array of strings at `key` (borrowed from the mapping; invalid
+    /// UTF-8 is replaced with U+FFFD).
+    pub fn get_str_array(&self, key: &str) -> Result<Vec<Cow<'_, str>>, FormatError> {
         let v = self.require(key)?;
         match v {
-            GgufValue::Array(a) if a.elem_type == GgufValueType::String => {
-                Ok(a.values.iter().filter_map(GgufValue::as_str).collect())
-            }
+            GgufValue::Array(a) => match a.strings() {
+                Some(it) => Ok(it.collect()),
+                None => Err(self.wrong_type(key, "array of string", v)),
+            },
             _ => Err(self.wrong_type(key, "array of string", v)),
         }
     }
@@ -605,12 +974,9 @@ macro_rules! array_getters {
                     let v = self.require(key)?;
                     match v {
                         GgufValue::Array(a) if a.elem_type == GgufValueType::$variant => Ok(a
-                            .values
-                            .iter()
-                            .filter_map(|x| match x {
-                                GgufValue::$variant(y) => Some(*y),
-                                _ => None,
-                            })
+                            .raw_bytes()
+                            .chunks_exact(std::mem::size_of::<$t>())
+                            .map(|b| <$t>::from_le_bytes(b.try_into().expect("exact chunk")))
                             .collect()),
                         _ => Err(self.wrong_type(key, $name, v)),
                     }
@@ -656,13 +1022,14 @@ impl GgufFile {
         let start = self.data_start + t.offset;
         let end = start + t.n_bytes;
         self.map
+            .bytes()
             .get(start as usize..end as usize)
             .ok_or_else(|| FormatError::TensorOutOfBounds {
                 path: self.path.clone(),
                 name: name.to_string(),
                 start,
                 size: t.n_bytes,
-                file_len: self.map.len() as u64,
+                file_len: self.map.bytes().len() as u64,
             })
     }
 
@@ -723,8 +1090,15 @@ struct Parsed {
     data_start: u64,
 }
 
-fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, FormatError> {
-    let mut c = Cursor { buf, pos: 0, path };
+fn parse(path: &Path, data: &Arc<Backing>, limits: GgufLimits) -> Result<Parsed, FormatError> {
+    let buf = data.bytes();
+    let mut c = Cursor {
+        buf,
+        pos: 0,
+        path,
+        data,
+        limits,
+    };
     let corrupt = |reason: String| FormatError::CorruptHeader {
         path: path.to_path_buf(),
         reason,
@@ -764,6 +1138,14 @@ fn parse(path: &Path, buf: &[u8]) -> Result<Parsed, FormatError> {
             type_id,
         })?;
         let value = c.value(ty, &key, 0)?;
+        if c.pos as u64 > limits.max_metadata_bytes {
+            return Err(FormatError::MetadataLimit {
+                path: path.to_path_buf(),
+                key: key.clone(),
+                what: format!("metadata ending at byte {}", c.pos),
+                limit: format!("at most {} bytes of metadata", limits.max_metadata_bytes),
+            });
+        }
         if metadata_index.insert(key.clone(), metadata.len()).is_some() {
             return Err(corrupt(format!("duplicate metadata key `{key}`")));
         }

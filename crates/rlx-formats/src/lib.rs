@@ -18,5 +18,7 @@ pub mod safetensors;
 
 pub use error::{FormatError, QuantError};
 pub use ggml_type::GgmlType;
-pub use gguf::{GgufArray, GgufFile, GgufTensorInfo, GgufValue, GgufValueType};
+pub use gguf::{
+    GgufArray, GgufArrayIter, GgufFile, GgufLimits, GgufTensorInfo, GgufValue, GgufValueType,
+};
 pub use safetensors::SafeTensorsFile;

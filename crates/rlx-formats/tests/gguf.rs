@@ -3,7 +3,7 @@
 mod common;
 
 use common::tmp_file;
-use rlx_formats::{FormatError, GgmlType, GgufFile, GgufValue, GgufValueType};
+use rlx_formats::{FormatError, GgmlType, GgufFile, GgufLimits, GgufValue, GgufValueType};
 
 /// Serialized metadata value: type id plus payload.
 struct Val(u32, Vec<u8>);
@@ -231,20 +231,25 @@ fn parses_metadata_of_every_type() {
     assert_eq!(f.get_f32_array("tok.scores").unwrap(), vec![0.5]);
     let nested = f.get_array("t.nested").unwrap();
     assert_eq!(nested.elem_type, GgufValueType::Array);
-    assert_eq!(nested.values.len(), 2);
+    assert_eq!(nested.len(), 2);
     assert_eq!(
-        nested.values[0].as_array().unwrap().values,
+        nested.get(0).unwrap().as_array().unwrap().values(),
         vec![GgufValue::U32(1), GgufValue::U32(2)]
     );
     assert_eq!(
-        nested.values[1].as_array().unwrap().values[0].as_str(),
+        nested
+            .get(1)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .get(0)
+            .unwrap()
+            .as_str(),
         Some("deep")
     );
+    assert_eq!(nested.get(2), None);
     let empty = f.get_array("t.empty").unwrap();
-    assert_eq!(
-        (empty.elem_type, empty.values.len()),
-        (GgufValueType::U64, 0)
-    );
+    assert_eq!((empty.elem_type, empty.len()), (GgufValueType::U64, 0));
     assert_eq!(f.metadata("t.i64").unwrap().as_i64(), Some(-1 << 40));
     assert!(f.metadata("nope").is_none());
 }
@@ -435,7 +440,7 @@ fn huge_counts_do_not_allocate_or_panic() {
     let b = Builder::new().kv("a", Val(9, huge));
     assert!(matches!(
         open(&b.build()),
-        Err(FormatError::Truncated { .. })
+        Err(FormatError::MetadataLimit { key, .. }) if key == "a"
     ));
     // Array claiming 2^60 strings / arrays.
     for elem in [8u32, 9] {
@@ -444,22 +449,34 @@ fn huge_counts_do_not_allocate_or_panic() {
         let b = Builder::new().kv("a", Val(9, huge));
         assert!(matches!(
             open(&b.build()),
+            Err(FormatError::MetadataLimit { key, .. }) if key == "a"
+        ));
+    }
+    // Within the length limit but past the end of the file.
+    for elem in [0u32, 8, 9] {
+        let mut short = elem.to_le_bytes().to_vec();
+        short.extend_from_slice(&1000u64.to_le_bytes());
+        let b = Builder::new().kv("a", Val(9, short));
+        assert!(matches!(
+            open(&b.build()),
             Err(FormatError::Truncated { .. })
         ));
     }
     // String claiming 2^63 bytes.
     let b = Builder::new().kv("s", Val(8, (1u64 << 63).to_le_bytes().to_vec()));
-    assert!(matches!(
-        open(&b.build()),
-        Err(FormatError::Truncated { .. })
-    ));
+    let err = open(&b.build()).unwrap_err();
+    assert!(matches!(err, FormatError::MetadataLimit { .. }), "{err}");
+    assert!(err.to_string().contains("`s`"), "{err}");
     // Header claiming 2^62 tensors and 2^62 metadata pairs.
     let mut bytes = b"GGUF".to_vec();
     bytes.extend_from_slice(&3u32.to_le_bytes());
     bytes.extend_from_slice(&(1u64 << 62).to_le_bytes());
     bytes.extend_from_slice(&(1u64 << 62).to_le_bytes());
     bytes.extend_from_slice(&[0xff; 64]);
-    assert!(matches!(open(&bytes), Err(FormatError::Truncated { .. })));
+    assert!(matches!(
+        open(&bytes),
+        Err(FormatError::Truncated { .. } | FormatError::MetadataLimit { .. })
+    ));
     // Dims whose product overflows.
     let b = Builder::new().tensor("big", &[1 << 40, 1 << 40], 0, vec![]);
     assert!(matches!(
@@ -550,4 +567,118 @@ fn byte_flips_never_panic() {
             }
         }
     }
+}
+
+/// A u8 array of `n` elements (bytes `i % 251`).
+fn u8_array(n: usize) -> Val {
+    let mut v = 0u32.to_le_bytes().to_vec();
+    v.extend_from_slice(&(n as u64).to_le_bytes());
+    v.extend((0..n).map(|i| (i % 251) as u8));
+    Val(9, v)
+}
+
+#[test]
+fn big_scalar_arrays_are_views_of_the_file_not_copies() {
+    // 64 MiB of u8 metadata: parsing keeps a view (O(1) memory), the
+    // elements still read back, and the typed getters decode them.
+    let n = 64 << 20;
+    let bytes = Builder::new()
+        .kv("big.u8", u8_array(n))
+        .kv(
+            "tok.types",
+            arr(
+                5,
+                &[7i32.to_le_bytes().to_vec(), (-1i32).to_le_bytes().to_vec()],
+            ),
+        )
+        .build();
+    let range = bytes.as_ptr_range();
+    let t = std::time::Instant::now();
+    let f = GgufFile::from_bytes("mem.gguf", bytes, GgufLimits::default()).unwrap();
+    let a = f.get_array("big.u8").unwrap();
+    assert_eq!((a.elem_type, a.len()), (GgufValueType::U8, n));
+    // The array's bytes are the caller's buffer itself: nothing was copied.
+    let raw = a.raw_bytes();
+    assert_eq!(raw.len(), n);
+    assert!(range.contains(&raw.as_ptr()), "array bytes were copied");
+    assert_eq!(a.get(0), Some(GgufValue::U8(0)));
+    assert_eq!(a.get(1000), Some(GgufValue::U8((1000 % 251) as u8)));
+    assert_eq!(a.get(n - 1), Some(GgufValue::U8(((n - 1) % 251) as u8)));
+    assert_eq!(a.get(n), None);
+    assert_eq!(a.iter().take(3).count(), 3);
+    assert_eq!(f.get_i32_array("tok.types").unwrap(), vec![7, -1]);
+    // Debug output is bounded, not 64 Mi entries.
+    assert!(format!("{a:?}").len() < 400);
+    assert!(t.elapsed().as_secs() < 5, "parse took {:?}", t.elapsed());
+}
+
+#[test]
+fn metadata_limits_name_the_key() {
+    let bytes = Builder::new()
+        .kv("general.architecture", strv("llama"))
+        .kv(
+            "tokenizer.ggml.scores",
+            arr(6, &vec![0.5f32.to_le_bytes().to_vec(); 100]),
+        )
+        .build();
+    // Array length limit.
+    let limits = GgufLimits {
+        max_array_len: 50,
+        ..Default::default()
+    };
+    let err = GgufFile::from_bytes("m.gguf", bytes.clone(), limits).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, FormatError::MetadataLimit { .. }), "{msg}");
+    assert!(msg.contains("tokenizer.ggml.scores"), "{msg}");
+    assert!(msg.contains("100 elements"), "{msg}");
+    assert!(msg.contains("at most 50"), "{msg}");
+    // Total metadata size limit.
+    let limits = GgufLimits {
+        max_metadata_bytes: 200,
+        ..Default::default()
+    };
+    let msg = GgufFile::from_bytes("m.gguf", bytes.clone(), limits)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("tokenizer.ggml.scores"), "{msg}");
+    assert!(msg.contains("at most 200 bytes"), "{msg}");
+    // Within the limits it parses.
+    let f = GgufFile::from_bytes("m.gguf", bytes, GgufLimits::default()).unwrap();
+    assert_eq!(f.get_f32_array("tokenizer.ggml.scores").unwrap().len(), 100);
+}
+
+#[test]
+fn huge_in_memory_headers_fail_fast() {
+    // Small in-memory images claiming huge counts: each must fail at once,
+    // without allocating from the claimed count.
+    let t = std::time::Instant::now();
+    for (elem, count) in [
+        (0u32, 1u64 << 40),
+        (8, 1 << 28),
+        (9, 1 << 28),
+        (12, u64::MAX),
+    ] {
+        let mut v = elem.to_le_bytes().to_vec();
+        v.extend_from_slice(&count.to_le_bytes());
+        v.extend_from_slice(&[0; 16]);
+        let bytes = Builder::new().kv("claims.huge", Val(9, v)).build();
+        let err = GgufFile::from_bytes("h.gguf", bytes, GgufLimits::default()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                FormatError::MetadataLimit { .. } | FormatError::Truncated { .. }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("claims.huge"), "{err}");
+    }
+    assert!(t.elapsed().as_millis() < 2000);
+}
+
+#[test]
+fn a_directory_is_named_as_one() {
+    let dir = std::env::temp_dir();
+    let msg = GgufFile::open(&dir).unwrap_err().to_string();
+    assert!(msg.contains("is a directory"), "{msg}");
+    assert!(msg.contains(".gguf file"), "{msg}");
 }

@@ -39,6 +39,28 @@ pub enum IrError {
         /// The bad input reference.
         input: NodeId,
     },
+    /// A node's element count or byte size overflows (or exceeds the most
+    /// one allocation can hold, `isize::MAX` bytes).
+    #[error("node {node} ({op}): shape {shape} is too large: its size in bytes overflows (at most {max} bytes per tensor)", max = isize::MAX)]
+    SizeOverflow {
+        /// Offending node.
+        node: NodeId,
+        /// Op with attributes (for a leaf, e.g. `Param(name)`).
+        op: String,
+        /// The shape and dtype whose size overflows.
+        shape: Shape,
+    },
+    /// A graph-builder argument is out of range (e.g. a sequence longer
+    /// than the model's position table).
+    #[error("{what} = {value}: expected {expected}")]
+    InvalidArgument {
+        /// The argument or config key.
+        what: String,
+        /// Its value.
+        value: String,
+        /// What was expected.
+        expected: String,
+    },
     /// A graph output refers to no node.
     #[error("graph output {0} does not exist")]
     BadOutput(NodeId),

@@ -190,13 +190,25 @@ impl Graph {
         Ok(())
     }
 
-    /// Verify the whole graph: topological order, unique leaf names, shape
-    /// inference for every node against its recorded shape, and outputs.
+    /// Verify the whole graph: topological order, sizes that fit (every
+    /// node's byte size is computed with checked arithmetic, else
+    /// [`IrError::SizeOverflow`] names the node and shape), unique leaf
+    /// names, shape inference for every node against its recorded shape,
+    /// and outputs.
     pub fn verify(&self) -> Result<(), IrError> {
         self.check_topological()?;
         let mut inputs = HashSet::new();
         let mut params = HashSet::new();
         for n in &self.nodes {
+            // Checked sizes first: nothing downstream (inference, memory
+            // planning, allocation) sees a shape whose size overflows.
+            if n.shape.checked_size_bytes().is_none() {
+                return Err(IrError::SizeOverflow {
+                    node: n.id,
+                    op: n.op.describe(),
+                    shape: n.shape.clone(),
+                });
+            }
             let (set, kind, name) = match &n.op {
                 Op::Input { name } => (&mut inputs, "input", name),
                 Op::Param { name } => (&mut params, "param", name),

@@ -133,8 +133,13 @@ pub fn infer_shape(op: &Op, inputs: &[Shape]) -> R {
         Op::FusedResidualRmsNorm { has_bias, .. } => norm_residual(inputs, *has_bias, 1),
         Op::Reshape { shape } => {
             arity(inputs, 1)?;
-            let n: usize = shape.iter().product();
-            if n != inputs[0].numel() {
+            let n = shape
+                .iter()
+                .try_fold(1usize, |a, &d| a.checked_mul(d))
+                .ok_or_else(|| {
+                    format!("expected a target shape whose size fits, {shape:?} overflows")
+                })?;
+            if Some(n) != inputs[0].checked_numel() {
                 return Err(format!(
                     "expected target {:?} to hold {} elements, it holds {n}",
                     shape,

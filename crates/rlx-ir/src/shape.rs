@@ -32,13 +32,38 @@ impl Shape {
     }
 
     /// Number of elements (1 for a scalar).
+    ///
+    /// Infallible for internal use on verified graphs: [`Graph::verify`]
+    /// (run by every compile) rejects any node whose byte size overflows
+    /// (see [`Shape::checked_size_bytes`]). On an unverified shape whose
+    /// product overflows this saturates at `usize::MAX` instead of wrapping,
+    /// so a wrapped (small) size can never be allocated by mistake.
+    ///
+    /// [`Graph::verify`]: crate::Graph::verify
     pub fn numel(&self) -> usize {
-        self.dims.iter().product()
+        self.checked_numel().unwrap_or(usize::MAX)
     }
 
-    /// Size in bytes.
+    /// Number of elements, or `None` when the product of the dims overflows
+    /// `usize`.
+    pub fn checked_numel(&self) -> Option<usize> {
+        self.dims
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+    }
+
+    /// Size in bytes, or `None` when it overflows or exceeds `isize::MAX`
+    /// (the most one allocation can hold).
+    pub fn checked_size_bytes(&self) -> Option<usize> {
+        self.checked_numel()?
+            .checked_mul(self.dtype.size_bytes())
+            .filter(|&b| b <= isize::MAX as usize)
+    }
+
+    /// Size in bytes (saturating like [`Shape::numel`]; exact on verified
+    /// graphs).
     pub fn size_bytes(&self) -> usize {
-        self.numel() * self.dtype.size_bytes()
+        self.checked_size_bytes().unwrap_or(usize::MAX)
     }
 
     /// The last dimension, or 1 for a scalar.

@@ -5,11 +5,18 @@
 //! names (without a `bert.` prefix). Linear weights are bound transposed,
 //! as `[in, out]`, so that `MatMul(x, W)` computes `x W^T` of PyTorch.
 
+use crate::validate::{layers_in_names, positive_finite, ConfigError, MAX_LAYERS};
+use crate::ModelError;
 use rlx_ir::{
     op::{Activation, BinaryOp, MaskKind, ReduceOp},
     DType, Graph, IrError, NodeId, Op, Shape, Tensor,
 };
 use serde::Deserialize;
+use serde_json::Value;
+use std::path::Path;
+
+/// The `hidden_act` names [`BertConfig::activation`] knows.
+pub const KNOWN_ACTIVATIONS: &str = "gelu, gelu_new, gelu_pytorch_tanh, relu, silu or swish";
 
 /// The subset of a BERT `config.json` that shapes the graph.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -80,6 +87,179 @@ impl BertConfig {
             "silu" | "swish" => Some(Activation::Silu),
             _ => None,
         }
+    }
+
+    /// Parse a `config.json` value, naming the key of any missing or
+    /// mistyped field (`file` is used in the errors). Only types are checked
+    /// here; see [`BertConfig::validate`] for ranges.
+    pub fn from_json(file: &str, v: &Value) -> Result<BertConfig, ConfigError> {
+        let get = |key: &str| v.get(key).filter(|x| !x.is_null());
+        let uint = |key: &str, default: Option<usize>| -> Result<usize, ConfigError> {
+            match (get(key), default) {
+                (None, Some(d)) => Ok(d),
+                (None, None) => Err(ConfigError::new(
+                    file,
+                    key,
+                    "(missing)",
+                    "a positive integer",
+                )),
+                (Some(x), _) => x
+                    .as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| ConfigError::new(file, key, x, "a positive integer")),
+            }
+        };
+        let layer_norm_eps = match get("layer_norm_eps") {
+            None => eps(),
+            Some(x) => x.as_f64().ok_or_else(|| {
+                ConfigError::new(file, "layer_norm_eps", x, "a positive finite number")
+            })? as f32,
+        };
+        let string = |key: &str, default: String| -> Result<String, ConfigError> {
+            match get(key) {
+                None => Ok(default),
+                Some(x) => x
+                    .as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| ConfigError::new(file, key, x, "a string")),
+            }
+        };
+        let architectures = match get("architectures") {
+            None => Vec::new(),
+            Some(x) => x
+                .as_array()
+                .and_then(|a| a.iter().map(|s| s.as_str().map(str::to_string)).collect())
+                .ok_or_else(|| ConfigError::new(file, "architectures", x, "an array of strings"))?,
+        };
+        Ok(BertConfig {
+            hidden_size: uint("hidden_size", None)?,
+            num_hidden_layers: uint("num_hidden_layers", None)?,
+            num_attention_heads: uint("num_attention_heads", None)?,
+            intermediate_size: uint("intermediate_size", None)?,
+            vocab_size: uint("vocab_size", None)?,
+            max_position_embeddings: uint("max_position_embeddings", None)?,
+            type_vocab_size: uint("type_vocab_size", Some(two()))?,
+            layer_norm_eps,
+            hidden_act: string("hidden_act", gelu())?,
+            architectures,
+            model_type: string("model_type", String::new())?,
+        })
+    }
+
+    /// Check every hyper-parameter against its sane range: sizes positive,
+    /// heads dividing `hidden_size`, at most [`MAX_LAYERS`] layers, a
+    /// positive finite `layer_norm_eps`, a known `hidden_act`. `file` names
+    /// the source in the error.
+    pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let positive = |key: &str, v: usize| {
+            if v == 0 {
+                Err(ConfigError::new(file, key, v, "a positive integer"))
+            } else {
+                Ok(())
+            }
+        };
+        positive("hidden_size", self.hidden_size)?;
+        let heads = self.num_attention_heads;
+        if heads == 0 || !self.hidden_size.is_multiple_of(heads) {
+            return Err(ConfigError::new(
+                file,
+                "num_attention_heads",
+                heads,
+                format!("a positive divisor of hidden_size {}", self.hidden_size),
+            ));
+        }
+        if !(1..=MAX_LAYERS).contains(&self.num_hidden_layers) {
+            return Err(ConfigError::new(
+                file,
+                "num_hidden_layers",
+                self.num_hidden_layers,
+                format!("an integer in 1..={MAX_LAYERS}"),
+            ));
+        }
+        positive("intermediate_size", self.intermediate_size)?;
+        positive("vocab_size", self.vocab_size)?;
+        positive("max_position_embeddings", self.max_position_embeddings)?;
+        positive("type_vocab_size", self.type_vocab_size)?;
+        positive_finite(file, "layer_norm_eps", self.layer_norm_eps as f64)?;
+        if self.activation().is_none() {
+            return Err(ConfigError::new(
+                file,
+                "hidden_act",
+                format!("{:?}", self.hidden_act),
+                format!("one of {KNOWN_ACTIVATIONS}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Check the config against the weight file's tensors: the layer count
+    /// against the `encoder.layer.N.` names present (counted from the names
+    /// alone, before any per-layer list is built), and `vocab_size`,
+    /// `hidden_size`, `max_position_embeddings`, `type_vocab_size` and
+    /// `intermediate_size` against the embedding tables and the first FFN.
+    /// `shape` gives a tensor's shape by name; a missing tensor is left to
+    /// the weight loader to report.
+    pub fn check_tensors<'a>(
+        &self,
+        file: &str,
+        weights: &str,
+        names: impl IntoIterator<Item = &'a str>,
+        shape: impl Fn(&str) -> Option<Vec<usize>>,
+    ) -> Result<(), ConfigError> {
+        let layers = layers_in_names(names, "encoder.layer.");
+        if layers != self.num_hidden_layers {
+            return Err(ConfigError::new(
+                file,
+                "num_hidden_layers",
+                self.num_hidden_layers,
+                format!("the number of encoder layers in {weights} ({layers})"),
+            ));
+        }
+        let h = self.hidden_size;
+        let table = |name: &str, key: &str, rows: usize| -> Result<(), ConfigError> {
+            match shape(name) {
+                Some(d) if d.len() == 2 && d[1] != h => Err(ConfigError::new(
+                    file,
+                    "hidden_size",
+                    h,
+                    format!("the width of {name} {d:?} in {weights}"),
+                )),
+                Some(d) if d.len() == 2 && d[0] != rows => Err(ConfigError::new(
+                    file,
+                    key,
+                    rows,
+                    format!("the rows of {name} {d:?} in {weights} ({})", d[0]),
+                )),
+                _ => Ok(()),
+            }
+        };
+        table(
+            "embeddings.word_embeddings.weight",
+            "vocab_size",
+            self.vocab_size,
+        )?;
+        table(
+            "embeddings.position_embeddings.weight",
+            "max_position_embeddings",
+            self.max_position_embeddings,
+        )?;
+        table(
+            "embeddings.token_type_embeddings.weight",
+            "type_vocab_size",
+            self.type_vocab_size,
+        )?;
+        let ffn = "encoder.layer.0.intermediate.dense.weight";
+        if let Some(d) = shape(ffn) {
+            if d.len() == 2 && d[0] != self.intermediate_size {
+                return Err(ConfigError::new(
+                    file,
+                    "intermediate_size",
+                    self.intermediate_size,
+                    format!("the rows of {ffn} {d:?} in {weights} ({})", d[0]),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Every param: name, shape as bound (linear weights `[in, out]`), and
@@ -154,6 +334,7 @@ pub fn build_graph(
     seq: usize,
     outs: BertOutputs,
 ) -> Result<Graph, IrError> {
+    check_shape_args(cfg, batch, seq)?;
     let (b, s, h) = (batch, seq, cfg.hidden_size);
     let heads = cfg.num_attention_heads;
     let act = cfg.activation().unwrap_or(Activation::Gelu);
@@ -235,6 +416,103 @@ pub fn build_graph(
     }
     g.set_outputs(outputs);
     Ok(g)
+}
+
+/// Check a config and a `batch x seq` request before a graph is built
+/// (nothing is allocated from them before this passes): the config's ranges
+/// ([`BertConfig::validate`]), `batch >= 1`, and
+/// `1 <= seq <= max_position_embeddings`.
+pub fn check_shape_args(cfg: &BertConfig, batch: usize, seq: usize) -> Result<(), IrError> {
+    cfg.validate("config")
+        .map_err(|e| IrError::InvalidArgument {
+            what: e.key,
+            value: e.value,
+            expected: e.expected,
+        })?;
+    if batch == 0 {
+        return Err(IrError::InvalidArgument {
+            what: "batch".into(),
+            value: "0".into(),
+            expected: "at least 1".into(),
+        });
+    }
+    if seq == 0 || seq > cfg.max_position_embeddings {
+        return Err(IrError::InvalidArgument {
+            what: "seq".into(),
+            value: seq.to_string(),
+            expected: format!(
+                "1..={} (max_position_embeddings: the model's position table)",
+                cfg.max_position_embeddings
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Read and check a BERT model directory's configs without reading the
+/// weights: `config.json` (each key typed and range-checked, see
+/// [`BertConfig::from_json`] and [`BertConfig::validate`]), checked against
+/// the tensor names and shapes in `model.safetensors`'s header when the file
+/// is there ([`BertConfig::check_tensors`]), and `max_seq_length` of
+/// `sentence_bert_config.json` (a positive integer at most
+/// `max_position_embeddings`). Returns the config and the tokenizer's
+/// maximum length (`max_seq_length`, else `max_position_embeddings`).
+pub fn load_dir_config(dir: &Path) -> Result<(BertConfig, usize), ModelError> {
+    let cfg_path = dir.join("config.json");
+    let file = cfg_path.display().to_string();
+    let raw = read_json(&cfg_path)?;
+    let cfg = BertConfig::from_json(&file, &raw)?;
+    let is_bert =
+        cfg.model_type == "bert" || cfg.architectures.iter().any(|a| a.starts_with("Bert"));
+    if !is_bert || cfg.activation().is_none() {
+        return Err(ModelError::UnknownArchitecture {
+            path: cfg_path,
+            found: cfg.architectures.clone(),
+            model_type: cfg.model_type.clone(),
+        });
+    }
+    cfg.validate(&file)?;
+    let weights = dir.join("model.safetensors");
+    if weights.is_file() {
+        let st = rlx_formats::SafeTensorsFile::open(&weights)?;
+        cfg.check_tensors(&file, "model.safetensors", st.names(), |n| {
+            st.info(n).map(|(_, d)| d)
+        })?;
+    }
+    let max_pos = cfg.max_position_embeddings;
+    let st_path = dir.join("sentence_bert_config.json");
+    let max_len = if st_path.exists() {
+        let st_file = st_path.display().to_string();
+        match read_json(&st_path)?.get("max_seq_length") {
+            None | Some(Value::Null) => max_pos,
+            Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
+                Some(n) if (1..=max_pos).contains(&n) => n,
+                _ => {
+                    return Err(ConfigError::new(
+                        st_file,
+                        "max_seq_length",
+                        v,
+                        format!("a positive integer <= max_position_embeddings {max_pos}"),
+                    )
+                    .into())
+                }
+            },
+        }
+    } else {
+        max_pos
+    };
+    Ok((cfg, max_len))
+}
+
+fn read_json(path: &Path) -> Result<Value, ModelError> {
+    let text = std::fs::read_to_string(path).map_err(|_| ModelError::MissingFile {
+        path: path.into(),
+        what: "a JSON config",
+    })?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Config {
+        path: path.into(),
+        message: format!("invalid JSON: {e}"),
+    })
 }
 
 /// The sentence embedding of token states `x` `[B, S, H]` under the

@@ -51,6 +51,21 @@ pub enum ModelError {
     /// Compiling or running failed.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    /// A hyper-parameter is out of range or disagrees with the weights.
+    #[error(transparent)]
+    InvalidConfig(#[from] crate::validate::ConfigError),
+    /// The model produced a NaN or an infinity.
+    #[error("output {output} ({what}) holds a non-finite value: element {index} is {value}; run with RLX_CHECK_FINITE=1 to find the first node producing one")]
+    NonFinite {
+        /// Which output (0 = pooled embeddings, 1 = token states).
+        output: usize,
+        /// What the output is.
+        what: &'static str,
+        /// Flat index of the first non-finite element.
+        index: usize,
+        /// That element.
+        value: f32,
+    },
 }
 
 /// One vector per input text.
@@ -120,17 +135,6 @@ pub struct SentenceEmbedder {
     gpu: Option<((usize, usize, bool), rlx_cuda::CudaModel)>,
 }
 
-fn read_json(path: &Path) -> Result<serde_json::Value, ModelError> {
-    let text = std::fs::read_to_string(path).map_err(|_| ModelError::MissingFile {
-        path: path.into(),
-        what: "a JSON config",
-    })?;
-    serde_json::from_str(&text).map_err(|e| ModelError::Config {
-        path: path.into(),
-        message: format!("invalid JSON: {e}"),
-    })
-}
-
 impl SentenceEmbedder {
     /// Load `config.json`, `tokenizer.json`, `sentence_bert_config.json` and
     /// `model.safetensors` from `dir`, validating every tensor.
@@ -150,32 +154,7 @@ impl SentenceEmbedder {
         device: EmbedDevice,
     ) -> Result<Self, ModelError> {
         let dir = dir.as_ref();
-        let cfg_path = dir.join("config.json");
-        let raw = read_json(&cfg_path)?;
-        let cfg: BertConfig = serde_json::from_value(raw).map_err(|e| ModelError::Config {
-            path: cfg_path.clone(),
-            message: format!("not a BERT config: {e}"),
-        })?;
-        let is_bert =
-            cfg.model_type == "bert" || cfg.architectures.iter().any(|a| a.starts_with("Bert"));
-        if !is_bert || cfg.activation().is_none() {
-            return Err(ModelError::UnknownArchitecture {
-                path: cfg_path,
-                found: cfg.architectures.clone(),
-                model_type: cfg.model_type.clone(),
-            });
-        }
-        let st_path = dir.join("sentence_bert_config.json");
-        let max_len = if st_path.exists() {
-            read_json(&st_path)?
-                .get("max_seq_length")
-                .and_then(|v| v.as_u64())
-                .map(|v| v as usize)
-        } else {
-            None
-        }
-        .unwrap_or(cfg.max_position_embeddings)
-        .min(cfg.max_position_embeddings);
+        let (cfg, max_len) = crate::bert::load_dir_config(dir)?;
         let tokenizer = BertTokenizer::from_dir(dir, Some(max_len))?;
         let weights_path = dir.join("model.safetensors");
         if !weights_path.exists() {
@@ -329,6 +308,7 @@ impl SentenceEmbedder {
             let opts = opts.clone();
             let padded = pad_batch(&batch, CUDA_SEQ_BUCKET, self.cfg.max_position_embeddings);
             let outs = self.run_cuda(&padded, tokens, &opts)?;
+            check_outputs_finite(&outs)?;
             return Ok(split_outputs(&outs, &padded, self.cfg.hidden_size, tokens));
         }
         let model = self.model_for(batch.batch, batch.seq, tokens)?;
@@ -337,6 +317,7 @@ impl SentenceEmbedder {
             ("token_type_ids", TensorRef::I64(&batch.token_type_ids)),
             ("attention_mask", TensorRef::F32(&batch.attention_mask)),
         ])?;
+        check_outputs_finite(&outs)?;
         Ok(split_outputs(&outs, &batch, self.cfg.hidden_size, tokens))
     }
 
@@ -409,6 +390,29 @@ fn pad_batch(batch: &Batch, bucket: usize, max_len: usize) -> Batch {
             .extend(std::iter::repeat_n(0, padded - s));
     }
     out
+}
+
+/// [`ModelError::NonFinite`] naming the first NaN or infinity in the
+/// outputs (one pass over them).
+fn check_outputs_finite(outs: &[Tensor]) -> Result<(), ModelError> {
+    for (output, t) in outs.iter().enumerate() {
+        if let TensorData::F32(v) = &*t.data {
+            if let Some((index, &value)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+                let what = if output == 0 {
+                    "pooled embeddings"
+                } else {
+                    "token states"
+                };
+                return Err(ModelError::NonFinite {
+                    output,
+                    what,
+                    index,
+                    value,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Pooled rows (and unpadded token rows) from a run's outputs.

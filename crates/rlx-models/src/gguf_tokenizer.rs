@@ -281,6 +281,8 @@ impl GgufTokenizer {
             None => None,
         };
         let merges = gguf.get_str_array(keys::MERGES)?;
+        let tokens: Vec<&str> = tokens.iter().map(|t| t.as_ref()).collect();
+        let merges: Vec<&str> = merges.iter().map(|m| m.as_ref()).collect();
         let mut tok = Self::from_parts(&tokens, types.as_deref(), &merges, &pre)?;
         let vocab_size = tok.vocab_size();
         let special = |key: &'static str| -> Result<Option<u32>, GgufTokenizerError> {

@@ -7,6 +7,7 @@
 //! - [`llama`]: Llama-family decoders from GGUF (prefill/decode graphs, KV cache, generation).
 //! - [`recurrent`]: a Qwen3-Next-style GatedDeltaNet block and a 3:1 GDN/attention hybrid.
 //! - [`sampling`]: greedy / temperature / top-k / top-p sampling.
+//! - [`validate`]: [`ConfigError`], the error of every hyper-parameter check.
 
 pub mod bert;
 pub mod embedder;
@@ -15,5 +16,7 @@ pub mod llama;
 pub mod recurrent;
 pub mod sampling;
 pub mod tokenizer;
+pub mod validate;
 
 pub use embedder::{EmbedDevice, EmbedOptions, ModelError, SentenceEmbedder, CUDA_SEQ_BUCKET};
+pub use validate::ConfigError;

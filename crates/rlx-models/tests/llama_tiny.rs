@@ -143,6 +143,10 @@ enum Flaw {
     MissingNorm,
     BadShape,
     UnsupportedType,
+    /// Metadata key (without the arch prefix) written with this u32.
+    MetaU32(&'static str, u32),
+    /// Metadata key (without the arch prefix) written with this f32.
+    MetaF32(&'static str, f32),
 }
 
 const D: usize = 64;
@@ -168,14 +172,23 @@ fn tiny_arch(arch: &str, flaw: Flaw, name: &str) -> PathBuf {
         if flaw == Flaw::Arch { "gpt2" } else { arch },
     );
     let key = |k: &str| format!("{arch}.{k}");
-    g.kv_u32(&key("block_count"), LAYERS as u32);
-    g.kv_u32(&key("embedding_length"), D as u32);
-    g.kv_u32(&key("feed_forward_length"), FF as u32);
-    g.kv_u32(&key("attention.head_count"), HEADS as u32);
-    g.kv_u32(&key("attention.head_count_kv"), KV_HEADS as u32);
-    g.kv_u32(&key("rope.dimension_count"), (D / HEADS) as u32);
-    g.kv_f32(&key("rope.freq_base"), if qwen2 { 1e6 } else { 10000.0 });
-    g.kv_f32(&key("attention.layer_norm_rms_epsilon"), 1e-5);
+    let u32kv = |g: &mut Gguf, k: &str, v: u32| match flaw {
+        Flaw::MetaU32(fk, fv) if fk == k => g.kv_u32(&key(k), fv),
+        _ => g.kv_u32(&key(k), v),
+    };
+    let f32kv = |g: &mut Gguf, k: &str, v: f32| match flaw {
+        Flaw::MetaF32(fk, fv) if fk == k => g.kv_f32(&key(k), fv),
+        _ => g.kv_f32(&key(k), v),
+    };
+    u32kv(&mut g, "block_count", LAYERS as u32);
+    u32kv(&mut g, "embedding_length", D as u32);
+    u32kv(&mut g, "feed_forward_length", FF as u32);
+    u32kv(&mut g, "attention.head_count", HEADS as u32);
+    u32kv(&mut g, "attention.head_count_kv", KV_HEADS as u32);
+    u32kv(&mut g, "rope.dimension_count", (D / HEADS) as u32);
+    u32kv(&mut g, "context_length", 256);
+    f32kv(&mut g, "rope.freq_base", if qwen2 { 1e6 } else { 10000.0 });
+    f32kv(&mut g, "attention.layer_norm_rms_epsilon", 1e-5);
     let kv = KV_HEADS * D / HEADS;
     g.tensor(
         "token_embd.weight",
@@ -541,4 +554,115 @@ fn load_errors_are_typed() {
         matches!(&err, LlamaError::UnsupportedQuant { name, ty } if name == "blk.0.attn_q.weight" && ty.name() == "IQ4_NL"),
         "{err}"
     );
+}
+
+#[test]
+fn bad_hyperparameters_name_key_value_and_expectation() {
+    use Flaw::{MetaF32, MetaU32};
+    let cases: [(Flaw, &str, &[&str]); 10] = [
+        (
+            MetaU32("attention.head_count", 0),
+            "heads0",
+            &[
+                "llama.attention.head_count = 0",
+                "positive divisor of embedding_length 64",
+            ],
+        ),
+        (
+            MetaU32("attention.head_count", 5),
+            "heads5",
+            &["llama.attention.head_count = 5", "embedding_length 64"],
+        ),
+        (
+            MetaU32("attention.head_count_kv", 3),
+            "kv3",
+            &[
+                "llama.attention.head_count_kv = 3",
+                "divisor of attention.head_count 4",
+            ],
+        ),
+        (
+            MetaU32("block_count", 10_000_000),
+            "layers",
+            &[
+                "llama.block_count = 10000000",
+                "blk.N tensor groups in the file (2)",
+            ],
+        ),
+        (
+            MetaU32("block_count", 3),
+            "layers3",
+            &["llama.block_count = 3", "(2)"],
+        ),
+        (
+            MetaF32("attention.layer_norm_rms_epsilon", -1.0),
+            "eps",
+            &[
+                "llama.attention.layer_norm_rms_epsilon = -1",
+                "positive finite",
+            ],
+        ),
+        (
+            MetaF32("rope.freq_base", f32::NAN),
+            "theta",
+            &["llama.rope.freq_base = NaN", "positive finite"],
+        ),
+        (
+            MetaU32("rope.dimension_count", 7),
+            "rot",
+            &[
+                "llama.rope.dimension_count = 7",
+                "even positive integer <= head_dim 16",
+            ],
+        ),
+        (
+            MetaU32("embedding_length", 32),
+            "width",
+            &["llama.embedding_length = 32"],
+        ),
+        (
+            MetaU32("context_length", 0),
+            "ctx0",
+            &["llama.context_length = 0", "positive integer"],
+        ),
+    ];
+    for (flaw, name, wants) in cases {
+        let t = std::time::Instant::now();
+        let err = LlamaModel::load(tiny(flaw, &format!("{name}.gguf")), 8).unwrap_err();
+        assert!(t.elapsed().as_secs() < 10, "{name}: took {:?}", t.elapsed());
+        let msg = err.to_string();
+        for w in wants {
+            assert!(msg.contains(w), "{name}: {msg:?} lacks {w:?}");
+        }
+    }
+}
+
+#[test]
+fn context_length_bounds_the_kv_cache() {
+    let path = tiny(Flaw::None, "ctxbound.gguf");
+    let f = GgufFile::open(&path).unwrap();
+    let cfg = LlamaConfig::from_gguf(&f).unwrap();
+    assert_eq!(cfg.context_length, Some(256));
+    let w = LlamaWeights::load(&f, &cfg).unwrap();
+    for ctx in [257, 1 << 62] {
+        let err = LlamaModel::from_weights(w.clone(), ctx, CpuOptions::default()).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, LlamaError::ContextLength { max: 256, .. }),
+            "{msg}"
+        );
+        assert!(
+            msg.contains(&ctx.to_string()) && msg.contains("llama.context_length"),
+            "{msg}"
+        );
+        // Graph building refuses it too, before any shape is sized by it.
+        assert!(build_graph(&w, Phase::Decode, ctx).is_err());
+    }
+    // Without a context length in the file, a KV cache beyond memory is
+    // refused before it is allocated, naming the size.
+    let mut w2 = w.clone();
+    w2.config.context_length = None;
+    let err = LlamaModel::from_weights(w2, 1 << 40, CpuOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("KV caches"), "{err}");
+    assert!(LlamaModel::from_weights(w, 256, CpuOptions::default()).is_ok());
 }

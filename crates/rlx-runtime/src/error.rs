@@ -78,7 +78,52 @@ pub enum RuntimeError {
         /// The kernel's message (shapes, dtypes, what was expected).
         message: String,
     },
+    /// A node produced a NaN or an infinity (reported when finite checks
+    /// are on: `RLX_CHECK_FINITE=1`, `CpuOptions::check_finite`, or
+    /// `rlx::Session::check_finite`).
+    #[error("node {node} ({op}) {shape} produced a non-finite value: element {index} is {value}{context}")]
+    NonFinite {
+        /// The first node found producing a non-finite value.
+        node: NodeId,
+        /// Its op (with attributes).
+        op: String,
+        /// Its shape and dtype.
+        shape: Shape,
+        /// Flat index of the first non-finite element.
+        index: usize,
+        /// That element (`NaN`, `inf` or `-inf`).
+        value: f32,
+        /// Where it ran, e.g. ` (boundary output of compiled segment %3..=%9)`;
+        /// empty for a thunk.
+        context: String,
+    },
+    /// The memory a compile would allocate is above the limit.
+    #[error("{what} needs {bytes} bytes ({}), above the memory limit of {limit} bytes ({}); set RLX_MAX_MEMORY=<bytes> to change the limit", human_bytes(*.bytes), human_bytes(*.limit))]
+    MemoryLimit {
+        /// What would be allocated (e.g. `arena of graph 'bert1x128'`).
+        what: String,
+        /// Bytes it needs.
+        bytes: u128,
+        /// The limit (`RLX_MAX_MEMORY`, or the machine's RAM).
+        limit: u128,
+    },
     /// The backend cannot run this graph.
     #[error("unsupported: {0}")]
     Unsupported(String),
+}
+
+/// `bytes` in binary units, e.g. `1.5 GiB`.
+pub fn human_bytes(bytes: u128) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
 }

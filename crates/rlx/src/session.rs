@@ -69,6 +69,7 @@ pub struct Session {
     poison: bool,
     precision: Precision,
     f16_weights: bool,
+    check_finite: bool,
 }
 
 impl Session {
@@ -84,6 +85,7 @@ impl Session {
             poison: false,
             precision: Precision::F32,
             f16_weights: false,
+            check_finite: false,
         }
     }
 
@@ -127,6 +129,19 @@ impl Session {
         self
     }
 
+    /// Check every step's outputs for NaN and infinities and fail the run
+    /// with [`RuntimeError::NonFinite`] naming the first node (id, op,
+    /// shape) that produced one (the environment variable
+    /// `RLX_CHECK_FINITE=1` does the same for every model). CPU: thunks
+    /// report their own node, compiled segments the first non-finite
+    /// boundary output. CUDA: not implemented; compiling with this set on a
+    /// CUDA device is an [`Error::Device`] (the environment variable is
+    /// ignored there).
+    pub fn check_finite(mut self, on: bool) -> Self {
+        self.check_finite = on;
+        self
+    }
+
     /// Poison arena memory as soon as it is freed (a testing aid).
     pub fn poison_freed(mut self, on: bool) -> Self {
         self.poison = on;
@@ -152,8 +167,15 @@ impl Session {
                     poison_freed: self.poison,
                     f16_weights: self.f16_weights,
                     bf16: self.precision == Precision::Bf16,
+                    check_finite: self.check_finite,
                 },
             )?),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(i) if self.check_finite => {
+                return Err(Error::Device(format!(
+                    "cuda:{i}: check_finite is not implemented on CUDA (run on Device::Cpu to find the first non-finite node)"
+                )))
+            }
             #[cfg(feature = "cuda")]
             Device::Cuda(i) if self.f16_weights => {
                 return Err(Error::Device(format!(

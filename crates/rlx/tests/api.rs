@@ -268,3 +268,137 @@ fn f16_weights_multiply_rounded_weights() {
     }
     assert!(differs, "f16 weights gave exactly the f32 result");
 }
+
+/// `mlp()` with a NaN at `w[1][2]`: column 2 of the matmul is NaN.
+fn nan_mlp(mode: ExecMode, check: bool) -> rlx::CompiledModel {
+    let mut m = Session::new(Device::Cpu)
+        .mode(mode)
+        .check_finite(check)
+        .compile(mlp())
+        .unwrap();
+    let mut w = vec![0.5f32; 12];
+    w[4 + 2] = f32::NAN;
+    m.set_param("w", &w).unwrap();
+    m
+}
+
+#[test]
+fn check_finite_names_the_first_node_producing_nan() {
+    let x = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    // Off (and RLX_CHECK_FINITE unset): the NaN reaches the output silently.
+    if std::env::var_os("RLX_CHECK_FINITE").is_none() {
+        let out = nan_mlp(ExecMode::Thunks, false).run(&[("x", &x)]).unwrap();
+        assert!(out[0].iter().any(|v| v.is_nan()));
+    }
+    // Thunks: the MatMul (node 2) is the first node producing it.
+    let err = nan_mlp(ExecMode::Thunks, true)
+        .run(&[("x", &x)])
+        .unwrap_err();
+    let msg = err.to_string();
+    match err {
+        Error::Runtime(RuntimeError::NonFinite {
+            node,
+            op,
+            shape,
+            index,
+            value,
+            ..
+        }) => {
+            assert_eq!(node, NodeId(2), "{msg}");
+            assert_eq!(op, "MatMul");
+            assert_eq!(shape, Shape::new(&[2, 4], DType::F32));
+            assert_eq!(index, 2, "{msg}");
+            assert!(value.is_nan());
+        }
+        other => panic!("expected NonFinite, got {other}"),
+    }
+    assert!(msg.contains("%2") || msg.contains("node 2"), "{msg}");
+    assert!(msg.contains("MatMul") && msg.contains("f32[2,4]"), "{msg}");
+    // Hybrid: MatMul+Relu run as one compiled segment; its boundary output
+    // (the Relu, node 3) is reported, with the segment named.
+    let mut m = nan_mlp(ExecMode::Hybrid, true);
+    assert_eq!(m.plan_stats().compiled_segments, 1);
+    let msg = m.run(&[("x", &x)]).unwrap_err().to_string();
+    assert!(msg.contains("compiled segment"), "{msg}");
+    assert!(msg.contains("Relu"), "{msg}");
+    // Finite inputs and weights pass the check.
+    let mut ok = Session::new(Device::Cpu)
+        .check_finite(true)
+        .compile(mlp())
+        .unwrap();
+    ok.set_param("w", &[0.5; 12]).unwrap();
+    assert_eq!(ok.run(&[("x", &x)]).unwrap()[0].len(), 8);
+}
+
+#[test]
+fn overflowing_shapes_are_refused_naming_node_and_shape() {
+    let huge = 1usize << 40;
+    let s = Shape::new(&[huge, huge], DType::F32);
+    assert_eq!(s.checked_numel(), None);
+    assert_eq!(s.checked_size_bytes(), None);
+    assert_eq!(s.numel(), usize::MAX, "numel saturates, never wraps");
+    // Product fits usize but the bytes do not fit one allocation.
+    assert_eq!(
+        Shape::new(&[1 << 62], DType::F32).checked_size_bytes(),
+        None
+    );
+    assert_eq!(
+        Shape::new(&[3, 4], DType::F32).checked_size_bytes(),
+        Some(48)
+    );
+
+    let mut g = Graph::new("huge");
+    let x = g.input("x", s.clone());
+    let y = g.activation(Activation::Relu, x, s.clone());
+    g.set_outputs(vec![y]);
+    let err = g.verify().unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(&err, rlx::ir::IrError::SizeOverflow { node, shape, .. } if *node == NodeId(0) && *shape == s),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("Input(x)") && msg.contains("f32[1099511627776,1099511627776]"),
+        "{msg}"
+    );
+    assert!(matches!(
+        Session::new(Device::Cpu).compile(g),
+        Err(Error::Ir(rlx::ir::IrError::SizeOverflow { .. }))
+    ));
+    // A reshape to a shape whose product overflows is a shape error.
+    let mut g = Graph::new("reshape");
+    let x = g.input("x", Shape::new(&[4], DType::F32));
+    let r = g.push(
+        Op::Reshape {
+            shape: vec![huge, huge, 16],
+        },
+        vec![x],
+    );
+    assert!(r.is_err(), "{r:?}");
+}
+
+#[test]
+fn compiling_never_allocates_the_arena_and_big_plans_are_refused() {
+    // A graph whose arena needs ~64 GiB... under a 1 GiB limit.
+    let mut g = Graph::new("big");
+    let x = g.input("x", Shape::new(&[1 << 16, 1 << 16], DType::F32));
+    let y = g.activation(
+        Activation::Relu,
+        x,
+        Shape::new(&[1 << 16, 1 << 16], DType::F32),
+    );
+    g.set_outputs(vec![y]);
+    let cpu = rlx::cpu::CpuModel::compile(g.clone(), &Default::default());
+    // Either refused by the machine's RAM, or compiled without allocating.
+    match cpu {
+        Ok(m) => assert!(!m.arena_allocated()),
+        Err(e) => assert!(e.to_string().contains("bytes"), "{e}"),
+    }
+    // A small model compiles without allocating its arena; running does.
+    let mut m = rlx::cpu::CpuModel::compile(mlp(), &Default::default()).unwrap();
+    assert!(!m.arena_allocated());
+    use rlx::runtime::Executable;
+    m.set_param("w", rlx::TensorRef::F32(&[0.5; 12])).unwrap();
+    m.run(&[("x", rlx::TensorRef::F32(&[1.0; 6]))]).unwrap();
+    assert!(m.arena_allocated());
+}

@@ -1,6 +1,7 @@
 //! Hyper-parameters from GGUF metadata.
 
 use super::LlamaError;
+use crate::validate::{layers_in_names, positive_finite, ConfigError};
 use rlx_formats::GgufFile;
 use rlx_ir::RopeStyle;
 
@@ -37,9 +38,38 @@ pub struct LlamaConfig {
     pub rms_eps: f32,
     /// Vocabulary size (rows of `token_embd.weight`).
     pub vocab: usize,
+    /// The context length the model was trained for
+    /// (`{arch}.context_length`), when the file says: the most KV cache
+    /// positions a model may be loaded with.
+    pub context_length: Option<usize>,
 }
 
 impl LlamaConfig {
+    /// An error unless `1 <= ctx_len <= context_length` (when the file gives
+    /// a context length), and the KV caches of `ctx_len` positions
+    /// (`2 * n_layers * ctx_len * kv_dim` f32s) fit the memory limit
+    /// ([`rlx_runtime::limits::memory_limit`]). Checked before any graph or
+    /// cache is built.
+    pub fn check_ctx(&self, ctx_len: usize) -> Result<(), LlamaError> {
+        let max = self.context_length.unwrap_or(usize::MAX);
+        if ctx_len == 0 || ctx_len > max {
+            return Err(LlamaError::ContextLength {
+                ctx_len,
+                max,
+                source_key: format!("{}.context_length of the model", self.arch),
+            });
+        }
+        let bytes = (2 * self.n_layers as u128) * ctx_len as u128 * self.kv_dim() as u128 * 4;
+        rlx_runtime::limits::check_memory(
+            &format!(
+                "the KV caches of {ctx_len} positions ({} layers)",
+                self.n_layers
+            ),
+            bytes,
+        )?;
+        Ok(())
+    }
+
     /// Width of the K (and V) projections: `n_kv_heads * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
@@ -61,6 +91,7 @@ impl LlamaConfig {
             rope_theta: 100_000.0,
             rms_eps: 1e-5,
             vocab: 49152,
+            context_length: Some(8192),
         }
     }
 
@@ -85,37 +116,103 @@ impl LlamaConfig {
                 Some(_) => Ok(Some(f.get_float(&key(k))?)),
             }
         };
+        let file = f.path().display().to_string();
+        let bad = |k: &str, v: &dyn std::fmt::Display, expected: String| {
+            LlamaError::InvalidConfig(ConfigError::new(&file, key(k), v, expected))
+        };
+        // The layer count is checked against the tensor names before
+        // anything is built per layer.
         let n_layers = f.get_usize(&key("block_count"))?;
+        let blocks = layers_in_names(f.tensors().iter().map(|t| t.name.as_str()), "blk.");
+        if n_layers == 0 || n_layers != blocks {
+            return Err(bad(
+                "block_count",
+                &n_layers,
+                format!("the number of blk.N tensor groups in the file ({blocks})"),
+            ));
+        }
         let d_model = f.get_usize(&key("embedding_length"))?;
-        let d_ff = f.get_usize(&key("feed_forward_length"))?;
-        let n_heads = f.get_usize(&key("attention.head_count"))?;
-        let n_kv_heads = opt_usize("attention.head_count_kv")?.unwrap_or(n_heads);
-        if n_heads == 0 || n_kv_heads == 0 || d_model % n_heads != 0 || n_heads % n_kv_heads != 0 {
-            return Err(LlamaError::BadConfig {
-                detail: format!(
-                    "embedding_length {d_model}, head_count {n_heads}, head_count_kv {n_kv_heads}: \
-                     heads must divide the width and kv heads must divide the heads"
-                ),
-            });
+        if d_model == 0 {
+            return Err(bad(
+                "embedding_length",
+                &d_model,
+                "a positive integer".into(),
+            ));
         }
-        let head_dim = d_model / n_heads;
-        let n_rot = opt_usize("rope.dimension_count")?.unwrap_or(head_dim);
-        if n_rot > head_dim || n_rot % 2 != 0 {
-            return Err(LlamaError::BadConfig {
-                detail: format!(
-                    "rope.dimension_count {n_rot} must be even and <= head_dim {head_dim}"
-                ),
-            });
-        }
-        let rope_theta = opt_float("rope.freq_base")?.unwrap_or(10000.0) as f32;
-        let rms_eps = opt_float("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5) as f32;
         let emb = f
             .tensor_info("token_embd.weight")
             .ok_or_else(|| LlamaError::MissingTensor {
                 name: "token_embd.weight".into(),
                 expected: format!("[vocab, {d_model}]"),
             })?;
+        if emb.row_len() != d_model {
+            return Err(bad(
+                "embedding_length",
+                &d_model,
+                format!(
+                    "the row length of token_embd.weight {:?} ({})",
+                    emb.shape(),
+                    emb.row_len()
+                ),
+            ));
+        }
+        let d_ff = f.get_usize(&key("feed_forward_length"))?;
+        if d_ff == 0 {
+            return Err(bad(
+                "feed_forward_length",
+                &d_ff,
+                "a positive integer".into(),
+            ));
+        }
+        let n_heads = f.get_usize(&key("attention.head_count"))?;
+        if n_heads == 0 || !d_model.is_multiple_of(n_heads) {
+            return Err(bad(
+                "attention.head_count",
+                &n_heads,
+                format!("a positive divisor of embedding_length {d_model}"),
+            ));
+        }
+        let n_kv_heads = opt_usize("attention.head_count_kv")?.unwrap_or(n_heads);
+        if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
+            return Err(bad(
+                "attention.head_count_kv",
+                &n_kv_heads,
+                format!("a positive divisor of attention.head_count {n_heads}"),
+            ));
+        }
+        let head_dim = d_model / n_heads;
+        let n_rot = opt_usize("rope.dimension_count")?.unwrap_or(head_dim);
+        if n_rot == 0 || n_rot > head_dim || !n_rot.is_multiple_of(2) {
+            return Err(bad(
+                "rope.dimension_count",
+                &n_rot,
+                format!("an even positive integer <= head_dim {head_dim}"),
+            ));
+        }
+        let float = |k: &str, default: f64| -> Result<f32, LlamaError> {
+            let v = opt_float(k)?.unwrap_or(default);
+            positive_finite(&file, &key(k), v)?;
+            let v32 = v as f32;
+            if !(v32.is_finite() && v32 > 0.0) {
+                return Err(bad(k, &v, "a positive finite f32".into()));
+            }
+            Ok(v32)
+        };
+        let rope_theta = float("rope.freq_base", 10000.0)?;
+        let rms_eps = float("attention.layer_norm_rms_epsilon", 1e-5)?;
+        let context_length = opt_usize("context_length")?;
+        if context_length == Some(0) {
+            return Err(bad("context_length", &0, "a positive integer".into()));
+        }
         let vocab = emb.n_rows();
+        if vocab == 0 {
+            return Err(LlamaError::BadTensor {
+                name: "token_embd.weight".into(),
+                expected: format!("[vocab >= 1, {d_model}]"),
+                found: emb.shape(),
+                ty: emb.ggml_type,
+            });
+        }
         Ok(LlamaConfig {
             arch,
             rope_style,
@@ -129,6 +226,7 @@ impl LlamaConfig {
             rope_theta,
             rms_eps,
             vocab,
+            context_length,
         })
     }
 }

@@ -28,6 +28,20 @@ pub enum LlamaError {
         /// What is wrong, with the values involved.
         detail: String,
     },
+    /// A hyper-parameter is out of range or disagrees with the tensors
+    /// (names the key, its value and what was expected).
+    #[error(transparent)]
+    InvalidConfig(#[from] crate::validate::ConfigError),
+    /// The requested context length is outside what the model supports.
+    #[error("context length {ctx_len}: expected 1..={max} ({source_key})")]
+    ContextLength {
+        /// The context length requested.
+        ctx_len: usize,
+        /// The most the model allows.
+        max: usize,
+        /// Where the limit comes from, e.g. `llama.context_length of the model`.
+        source_key: String,
+    },
     /// A tensor the model needs is not in the file.
     #[error("missing tensor '{name}': expected {expected}")]
     MissingTensor {

@@ -143,6 +143,7 @@ impl LlamaModel {
         if ctx_len == 0 {
             return Err(LlamaError::ContextOverflow { needed: 1, ctx_len });
         }
+        weights.config.check_ctx(ctx_len)?;
         let config = weights.config.clone();
         let g = build_graph(&weights, Phase::Decode, ctx_len)?;
         let kv = config.kv_dim();

@@ -162,6 +162,7 @@ pub fn build_graph(
     if s > ctx_len {
         return Err(LlamaError::ContextOverflow { needed: s, ctx_len });
     }
+    c.check_ctx(ctx_len)?;
     let mut b = Builder {
         g: Graph::new(name),
         w: weights,
