@@ -12,8 +12,8 @@ trap 'rm -rf "$tmp"' EXIT
 # near-duplicates: the fuzzer makes those itself.
 RLX_FUZZ_SEED_DIR="$tmp" cargo test -q -p rlx-formats --test gguf --test safetensors -- \
     --skip every_truncation --skip byte_flips --skip truncated_files
+rm -rf fuzz/seeds
 mkdir -p fuzz/seeds/gguf fuzz/seeds/safetensors
-rm -f fuzz/seeds/gguf/test-* fuzz/seeds/safetensors/test-*
 for f in "$tmp"/*; do
     case "$f" in
         *.gguf) cp "$f" "fuzz/seeds/gguf/test-$(basename "$f")" ;;
