@@ -4,9 +4,16 @@
 
 use std::path::PathBuf;
 
-/// A path under the temp dir unique to this process and `name`.
+/// A path unique to this process and `name`, in memory (`/dev/shm`) where
+/// that exists, else under the temp dir.
 pub fn scratch(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("rlx-fuzz-{}-{name}", std::process::id()))
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    dir.join(format!("rlx-fuzz-{}-{name}", std::process::id()))
 }
 
 /// Writes `bytes` to the scratch file `name` (replacing it) and returns its path.
