@@ -23,7 +23,8 @@ pub struct MinilmCase {
 /// Parses `minilm_embeddings.json`: `sentences`, `token_ids` and
 /// `embeddings`, one entry per sentence.
 pub fn parse_minilm_embeddings(text: &str) -> Result<Vec<MinilmCase>, String> {
-    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
     let list = |key: &str| {
         v.get(key)
             .and_then(|x| x.as_array())
@@ -88,7 +89,8 @@ pub struct SmolCase {
 
 /// Parses `smollm2_logits.json`.
 pub fn parse_smollm2_logits(text: &str) -> Result<SmolReference, String> {
-    let r: SmolReference = serde_json::from_str(text).map_err(|e| format!("invalid reference: {e}"))?;
+    let r: SmolReference =
+        serde_json::from_str(text).map_err(|e| format!("invalid reference: {e}"))?;
     for (i, c) in r.cases.iter().enumerate() {
         if c.top10_next.is_empty() {
             return Err(format!("cases[{i}].top10_next is empty"));
