@@ -26,6 +26,12 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(c) = serde_json::from_slice::<BertConfig>(cfg) {
         let _ = c.activation();
     }
-    assert!(SentenceEmbedder::load(&dir).is_err(), "loaded without weights");
-    assert!(BertTokenizer::from_dir(&dir, None).is_err(), "no tokenizer.json");
+    assert!(
+        SentenceEmbedder::load(&dir).is_err(),
+        "loaded without weights"
+    );
+    assert!(
+        BertTokenizer::from_dir(&dir, None).is_err(),
+        "no tokenizer.json"
+    );
 });

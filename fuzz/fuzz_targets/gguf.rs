@@ -49,7 +49,12 @@ fn file(f: &GgufFile) {
         let _ = f.get_u32_array(key);
         let _ = f.get_f32_array(key);
         let _ = (f.get_u8(key), f.get_i8(key), f.get_u16(key), f.get_i16(key));
-        let _ = (f.get_u32(key), f.get_i32(key), f.get_u64(key), f.get_i64(key));
+        let _ = (
+            f.get_u32(key),
+            f.get_i32(key),
+            f.get_u64(key),
+            f.get_i64(key),
+        );
         let _ = (f.get_f32(key), f.get_f64(key), f.get_bool(key));
     }
     let _ = f.require("missing.key");

@@ -24,11 +24,19 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let vocab = tok.vocab_size() as u32;
-    let _ = (tok.pre_tokenizer(), tok.bos_id(), tok.eos_id(), tok.pad_id());
+    let _ = (
+        tok.pre_tokenizer(),
+        tok.bos_id(),
+        tok.eos_id(),
+        tok.pad_id(),
+    );
     let _ = (tok.unk_id(), tok.add_bos_default(), tok.token_id(&text));
     for add_bos in [false, true] {
         if let Ok(ids) = tok.encode(&text, add_bos) {
-            assert!(ids.iter().all(|&id| id < vocab), "encode gave an id >= vocab");
+            assert!(
+                ids.iter().all(|&id| id < vocab),
+                "encode gave an id >= vocab"
+            );
             let _ = tok.decode(&ids).expect("ids from encode decode");
         }
     }

@@ -19,7 +19,12 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(r) = reference::parse_smollm2_logits(text) {
         for c in &r.cases {
-            let _ = (&c.prompt, c.top10_next[0], &c.greedy_ids[..8], &c.prompt_ids);
+            let _ = (
+                &c.prompt,
+                c.top10_next[0],
+                &c.greedy_ids[..8],
+                &c.prompt_ids,
+            );
         }
     }
 });

@@ -483,7 +483,10 @@ fn check(row: &Row, p: &Paths, o: &Outcome) -> Option<String> {
 /// The line to show for stderr: a panic's message, else the last line.
 fn last_line(s: &str) -> String {
     let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
-    let l = match lines.iter().position(|l| l.contains("panicked at")) {
+    let l = match lines
+        .iter()
+        .position(|l| l.contains("panicked at") || l.contains("memory allocation of"))
+    {
         Some(i) => lines[i..]
             .iter()
             .take(2)
