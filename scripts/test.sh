@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: fetch the models the parity tests
-# need and NVRTC (pip + sha256 check), then formatting, lints and every test.
+# need and NVRTC (pip + sha256 check), then formatting, lints, every test
+# (the bad-input table included) and the fuzzers (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,3 +13,6 @@ export LD_LIBRARY_PATH="$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
+# Fuzz every file reader for a bounded time (fuzz/ on nightly, or stable with
+# RUSTC_BOOTSTRAP=1; a crash or memory blow-up fails the run).
+RLX_FUZZ_SECS="${RLX_FUZZ_SECS:-30}" bash scripts/fuzz.sh

@@ -10,21 +10,12 @@ use rlx_ir::{ActivationPrecision, Op};
 use rlx_models::llama::{
     argmax, build_graph, LlamaConfig, LlamaError, LlamaModel, LlamaWeights, Phase,
 };
-use serde::Deserialize;
 use std::path::PathBuf;
 
-#[derive(Deserialize)]
-struct Reference {
-    cases: Vec<Case>,
-}
+#[path = "support/reference.rs"]
+mod reference;
 
-#[derive(Deserialize)]
-struct Case {
-    prompt: String,
-    prompt_ids: Vec<u32>,
-    top10_next: Vec<(u32, f32)>,
-    greedy_ids: Vec<u32>,
-}
+use reference::{SmolCase as Case, SmolReference as Reference};
 
 fn model_path() -> Option<PathBuf> {
     let dir = std::env::var_os("RLX_MODELS_DIR")
@@ -47,7 +38,7 @@ fn reference() -> Reference {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/smollm2_logits.json"
     );
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    reference::parse_smollm2_logits(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 fn check_top10(logits: &[f32], case: &Case, what: &str) {

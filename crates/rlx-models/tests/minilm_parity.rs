@@ -14,37 +14,17 @@ fn model_dir() -> Option<PathBuf> {
     dir.join("model.safetensors").exists().then_some(dir)
 }
 
-struct Case {
-    text: String,
-    ids: Vec<i64>,
-    emb: Vec<f32>,
-}
+#[path = "support/reference.rs"]
+mod reference;
+
+use reference::MinilmCase as Case;
 
 fn cases() -> Vec<Case> {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/data/minilm_embeddings.json"
     );
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let s = v["sentences"].as_array().unwrap();
-    (0..s.len())
-        .map(|i| Case {
-            text: s[i].as_str().unwrap().to_string(),
-            ids: v["token_ids"][i]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_i64().unwrap())
-                .collect(),
-            emb: v["embeddings"][i]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect(),
-        })
-        .collect()
+    reference::parse_minilm_embeddings(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 fn check(got: &[f32], want: &[f32], what: &str) {
