@@ -56,6 +56,7 @@ pub struct BenchArgs {
 
 /// Run `rlx bench`.
 pub fn run(a: BenchArgs) -> Result<(), String> {
+    crate::check_threads(a.threads)?;
     let hybrid = a.mode == Mode::Hybrid;
     let (cfg, _, dir) = resolve_config(&a.model)?;
     let (b, s) = (a.batch, a.seq);
@@ -110,6 +111,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                     optimize: true,
                     f16_weights: a.f16_weights,
                     bf16,
+                    ..Default::default()
                 },
             )
             .map_err(|e| e.to_string())?;

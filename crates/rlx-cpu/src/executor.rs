@@ -23,7 +23,10 @@ pub struct CpuOptions {
     pub hybrid: bool,
     /// Which ops may enter compiled segments.
     pub policy: SplitPolicy,
-    /// Worker threads; `None` uses rayon's global pool.
+    /// Worker threads; `None` uses rayon's global pool. Models asking for
+    /// the same count share one pool per process (see [`shared_pool`])
+    /// while any of them lives, so compiling many models never multiplies
+    /// the threads.
     pub threads: Option<usize>,
     /// Fill every tensor with NaN bytes once its last reader has run. A test
     /// aid: a plan that frees memory too early then shows up as NaN.
@@ -70,6 +73,8 @@ struct Core {
     steps: Vec<Step<FusedPlan>>,
     report: PlanReport,
     mem: MemoryPlan,
+    /// Allocated on the first run (see [`Core::execute`]), so a planned
+    /// but never-run graph holds no arena.
     arena: Vec<u64>,
     scratch_bytes: usize,
     /// Collects per-dispatch timings while `Some`.
@@ -126,7 +131,7 @@ impl Core {
             .collect();
         Ok(Core {
             regions,
-            arena: vec![0u64; mem.arena_bytes.div_ceil(8)],
+            arena: Vec::new(),
             schedule: ThunkSchedule::new(&graph),
             graph,
             steps: plan.steps,
@@ -148,6 +153,10 @@ impl Core {
         packed: &PackedParams,
         poison: bool,
     ) -> Result<Vec<Tensor>, RuntimeError> {
+        let words = self.mem.arena_bytes.div_ceil(8);
+        if self.arena.len() != words {
+            self.arena = vec![0u64; words];
+        }
         for (&id, data) in inputs {
             if let Some(r) = self.region(id) {
                 let dst =
@@ -488,6 +497,69 @@ struct Prep {
     core: Core,
     /// Name under which each prep output is stored among the params.
     names: Vec<String>,
+    /// Outputs whose stored value is current (taken over from another
+    /// model by [`CpuModel::compile_sharing`], or computed since the last
+    /// param change); the prep graph runs when any other is needed.
+    valid: HashSet<String>,
+}
+
+/// The process-wide rayon pool of `threads` workers: the one some live model
+/// already uses, or a new one. Pools are held by the models (through the
+/// `Arc`) and end when the last model using them is dropped.
+pub fn shared_pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, RuntimeError> {
+    static POOLS: std::sync::Mutex<Vec<(usize, std::sync::Weak<rayon::ThreadPool>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
+    pools.retain(|(_, w)| w.strong_count() > 0);
+    if let Some(p) = pools
+        .iter()
+        .find(|(t, _)| *t == threads)
+        .and_then(|(_, w)| w.upgrade())
+    {
+        return Ok(p);
+    }
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| RuntimeError::Unsupported(format!("thread pool of {threads}: {e}")))?,
+    );
+    pools.push((threads, Arc::downgrade(&pool)));
+    Ok(pool)
+}
+
+/// `f` on `pool` (or on the caller's pool).
+fn on_pool<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
+    match pool {
+        Some(p) => p.install(f),
+        None => f(),
+    }
+}
+
+/// A number per node of each graph, equal for two nodes exactly when they
+/// apply the same op, at the same shape, to equally numbered inputs (leaves:
+/// the same param name or constant value at the same shape). Nodes of
+/// different graphs with equal numbers compute the same value from equal
+/// params.
+fn value_ids(graphs: &[&Graph]) -> Vec<Vec<u32>> {
+    let mut table: HashMap<String, u32> = HashMap::new();
+    graphs
+        .iter()
+        .map(|g| {
+            let mut ids: Vec<u32> = Vec::with_capacity(g.len());
+            for n in g.nodes() {
+                let ins: Vec<u32> = n
+                    .inputs
+                    .iter()
+                    .map(|i| ids.get(i.index()).copied().unwrap_or(u32::MAX))
+                    .collect();
+                let key = format!("{:?}|{:?}|{:?}", n.op, n.shape, ins);
+                let fresh = table.len() as u32;
+                ids.push(*table.entry(key).or_insert(fresh));
+            }
+            ids
+        })
+        .collect()
 }
 
 /// A graph compiled for the CPU.
@@ -503,15 +575,24 @@ pub struct CpuModel {
     packed: PackedParams,
     /// Params set since their packed copies were made.
     stale: HashSet<String>,
-    pool: Option<rayon::ThreadPool>,
-    poison: bool,
-    f16_weights: bool,
-    bf16: bool,
+    /// The shared pool of `opts.threads` workers (see [`shared_pool`]).
+    pool: Option<Arc<rayon::ThreadPool>>,
+    opts: CpuOptions,
 }
 
 impl CpuModel {
     /// Verify and plan `graph` for the CPU.
     pub fn compile(graph: Graph, opts: &CpuOptions) -> Result<CpuModel, RuntimeError> {
+        let pool = opts.threads.map(shared_pool).transpose()?;
+        // Plans size their work split by the pool they will run on.
+        on_pool(pool.as_deref(), || Self::compile_on(graph, opts, pool.clone()))
+    }
+
+    fn compile_on(
+        graph: Graph,
+        opts: &CpuOptions,
+        pool: Option<Arc<rayon::ThreadPool>>,
+    ) -> Result<CpuModel, RuntimeError> {
         graph.verify()?;
         let StaticSplit { main, prep } = split_static(&graph);
         let prep = match prep {
@@ -524,6 +605,7 @@ impl CpuModel {
                 Some(Prep {
                     core: Core::new(prep_graph, &thunks)?,
                     names,
+                    valid: HashSet::new(),
                 })
             }
         };
@@ -538,15 +620,6 @@ impl CpuModel {
                 _ => {}
             }
         }
-        let pool = match opts.threads {
-            Some(t) => Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(t)
-                    .build()
-                    .map_err(|e| RuntimeError::Unsupported(format!("thread pool: {e}")))?,
-            ),
-            None => None,
-        };
         let packable = packable_params(&main);
         Ok(CpuModel {
             core: Core::new(main, opts)?,
@@ -559,10 +632,91 @@ impl CpuModel {
             packed: HashMap::new(),
             stale: HashSet::new(),
             pool,
-            poison: opts.poison_freed,
-            f16_weights: opts.f16_weights,
-            bf16: opts.bf16,
+            opts: opts.clone(),
         })
+    }
+
+    /// Compile `graph` (typically the same model at another batch shape)
+    /// with this model's options, sharing with this model every value that
+    /// does not depend on the graph's inputs:
+    ///
+    /// - params of the same name and shape (the tensors, not copies);
+    /// - param-only results (e.g. concatenated weights) that the new graph
+    ///   computes the same way from the same params;
+    /// - the packed copies of matmul weights made from those;
+    /// - the thread pool.
+    ///
+    /// Only the plan and the arena are the new model's own. Both models stay
+    /// independent: a later `set_param` on either replaces its value there
+    /// only. This model's pending param changes are applied first (its
+    /// param-only graph runs and its weights are packed if they are stale).
+    pub fn compile_sharing(&mut self, graph: Graph) -> Result<CpuModel, RuntimeError> {
+        let pool = self.pool.clone();
+        on_pool(pool.as_deref(), || self.prepare())?;
+        let mut next = on_pool(pool.as_deref(), || {
+            Self::compile_on(graph, &self.opts, pool.clone())
+        })?;
+        // Which of the new model's values are this model's, by name there.
+        let mut same: HashMap<String, String> = HashMap::new();
+        for (name, shape) in &next.param_shapes {
+            if self.param_shapes.get(name) == Some(shape) {
+                if let Some(t) = self.params.get(name) {
+                    next.params.insert(name.clone(), t.clone());
+                    same.insert(name.clone(), name.clone());
+                }
+            }
+        }
+        if let (Some(mine), Some(theirs)) = (&self.prep, &mut next.prep) {
+            let ids = value_ids(&[&mine.core.graph, &theirs.core.graph]);
+            let id_of = |ids: &[u32], g: &Graph, k: usize| ids[g.outputs[k].index()];
+            for (k, name) in theirs.names.iter().enumerate() {
+                let want = id_of(&ids[1], &theirs.core.graph, k);
+                let found = (0..mine.names.len())
+                    .find(|&j| id_of(&ids[0], &mine.core.graph, j) == want)
+                    .map(|j| &mine.names[j]);
+                let Some(src) = found else { continue };
+                let inputs_shared = theirs.core.graph.nodes().iter().all(|n| match &n.op {
+                    Op::Param { name } => same.contains_key(name),
+                    _ => true,
+                });
+                if let (true, Some(t)) = (inputs_shared, self.params.get(src)) {
+                    next.params.insert(name.clone(), t.clone());
+                    theirs.valid.insert(name.clone());
+                    same.insert(name.clone(), src.clone());
+                }
+            }
+        }
+        for (id, name) in &next.packable {
+            let Some(src) = same.get(name) else { continue };
+            let packed = self
+                .packable
+                .iter()
+                .find(|(_, n)| n == src)
+                .and_then(|(sid, _)| self.packed.get(sid));
+            if let Some(p) = packed {
+                next.packed.insert(*id, p.clone());
+            }
+        }
+        Ok(next)
+    }
+
+    /// Bytes this model holds for itself alone while it is kept: its arena
+    /// (allocated on the first run) and the scratch of its compiled
+    /// segments. Not counted: params and packed weights (possibly shared,
+    /// see [`CpuModel::compile_sharing`]), and the arena of the param-only
+    /// graph, which exists only while that runs after a param change.
+    pub fn plan_bytes(&self) -> usize {
+        self.core.mem.arena_bytes + self.core.scratch_bytes
+    }
+
+    /// The packed copies of matmul weights this model holds. Models made
+    /// with [`CpuModel::compile_sharing`] hold the same `Arc`s (compare
+    /// them with `Arc::ptr_eq`).
+    pub fn packed_weights(&self) -> Vec<Arc<PackedB>> {
+        let mut v: Vec<(NodeId, Arc<PackedB>)> =
+            self.packed.iter().map(|(k, p)| (*k, p.clone())).collect();
+        v.sort_by_key(|(k, _)| *k);
+        v.into_iter().map(|(_, p)| p).collect()
     }
 
     /// Bytes of the memory plan's safety check: no two live tensors overlap.
@@ -605,9 +759,9 @@ impl CpuModel {
                 op: "PackWeight".into(),
                 message: format!("param '{name}' {}: {e}", t.shape),
             })?;
-            let packed = if self.bf16 {
+            let packed = if self.opts.bf16 {
                 packed.to_bf16()
-            } else if self.f16_weights {
+            } else if self.opts.f16_weights {
                 packed.to_f16()
             } else {
                 packed
@@ -646,6 +800,16 @@ impl CpuModel {
     /// The graph actually executed (param-only nodes replaced by `%static.N` params).
     pub fn graph(&self) -> &Graph {
         &self.core.graph
+    }
+
+    /// `name` got a new value (or lost it): its packed copy and every
+    /// param-only result are out of date.
+    fn param_changed(&mut self, name: &str) {
+        self.stale.insert(name.to_string());
+        self.dirty = true;
+        if let Some(prep) = &mut self.prep {
+            prep.valid.clear();
+        }
     }
 
     fn run_inner(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {
@@ -693,21 +857,36 @@ impl CpuModel {
                 shape: (*shape).clone(),
             });
         }
-        if self.dirty {
-            if let Some(prep) = &mut self.prep {
+        self.prepare()?;
+        self.core
+            .execute(&bound, &mut self.params, &self.packed, self.opts.poison_freed)
+    }
+
+    /// Bring param-only results and packed weights up to date after param
+    /// changes (a no-op when nothing changed).
+    fn prepare(&mut self) -> Result<(), RuntimeError> {
+        if !self.dirty {
+            return Ok(());
+        }
+        if let Some(prep) = &mut self.prep {
+            if prep.names.iter().any(|n| !prep.valid.contains(n)) {
                 let outs =
                     prep.core
                         .execute(&HashMap::new(), &mut self.params, &HashMap::new(), false)?;
+                // Prep runs only when params change: its arena is not kept.
+                prep.core.arena = Vec::new();
                 for (name, t) in prep.names.iter().zip(outs) {
-                    self.params.insert(name.clone(), t);
-                    self.stale.insert(name.clone());
+                    if !prep.valid.contains(name) {
+                        self.params.insert(name.clone(), t);
+                        self.stale.insert(name.clone());
+                    }
                 }
+                prep.valid = prep.names.iter().cloned().collect();
             }
-            self.repack()?;
-            self.dirty = false;
         }
-        self.core
-            .execute(&bound, &mut self.params, &self.packed, self.poison)
+        self.repack()?;
+        self.dirty = false;
+        Ok(())
     }
 }
 
@@ -719,8 +898,7 @@ impl Executable for CpuModel {
             .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
         check_buffer(name, shape, &value)?;
         self.params.insert(name.to_string(), value.to_tensor(shape));
-        self.stale.insert(name.to_string());
-        self.dirty = true;
+        self.param_changed(name);
         Ok(())
     }
 
@@ -738,14 +916,12 @@ impl Executable for CpuModel {
             });
         }
         self.params.insert(name.to_string(), value);
-        self.stale.insert(name.to_string());
-        self.dirty = true;
+        self.param_changed(name);
         Ok(())
     }
 
     fn take_param(&mut self, name: &str) -> Option<Tensor> {
-        self.dirty = true;
-        self.stale.insert(name.to_string());
+        self.param_changed(name);
         self.packed.retain(
             |id, _| !matches!(&self.core.graph.node(*id).op, Op::Param { name: n } if n == name),
         );
@@ -753,14 +929,8 @@ impl Executable for CpuModel {
     }
 
     fn run(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {
-        match self.pool.take() {
-            Some(pool) => {
-                let r = pool.install(|| self.run_inner(inputs));
-                self.pool = Some(pool);
-                r
-            }
-            None => self.run_inner(inputs),
-        }
+        let pool = self.pool.clone();
+        on_pool(pool.as_deref(), || self.run_inner(inputs))
     }
 
     fn report(&self) -> &PlanReport {
