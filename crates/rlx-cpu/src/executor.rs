@@ -2,7 +2,7 @@
 //! dispatches thunks and compiled segments, and reads the outputs back.
 
 use crate::arena::{region, region_mut, split_io, Region};
-use crate::fused::{FusedCompiler, FusedPlan};
+use crate::fused::{FusedCompiler, FusedPlan, Scratch};
 use crate::kernels::packed_gemm::PackedB;
 use crate::kernels::{self, In};
 use rlx_ir::{Graph, Node, NodeId, Op, Tensor, TensorData};
@@ -76,6 +76,8 @@ struct Core {
     /// Allocated on the first run (see [`Core::execute`]), so a planned
     /// but never-run graph holds no arena.
     arena: Vec<u64>,
+    /// The most scratch one compiled segment needs (segments share one
+    /// [`Scratch`], one at a time).
     scratch_bytes: usize,
     /// Collects per-dispatch timings while `Some`.
     profile: Option<Vec<ProfileEntry>>,
@@ -117,7 +119,8 @@ impl Core {
                 Step::Compiled { lowered, .. } => lowered.scratch_bytes(),
                 Step::Thunks { .. } => 0,
             })
-            .sum();
+            .max()
+            .unwrap_or(0);
         let regions = graph
             .nodes()
             .iter()
@@ -152,6 +155,7 @@ impl Core {
         params: &mut HashMap<String, Tensor>,
         packed: &PackedParams,
         poison: bool,
+        scratch: &Scratch,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         let words = self.mem.arena_bytes.div_ceil(8);
         if self.arena.len() != words {
@@ -232,7 +236,7 @@ impl Core {
                         .map(|id| packed.get(id).map(|p| &**p))
                         .collect();
                     let t0 = std::time::Instant::now();
-                    lowered.run(&ins, &packs, outs).map_err(|(node, message)| {
+                    lowered.run(&ins, &packs, outs, scratch).map_err(|(node, message)| {
                         RuntimeError::Kernel {
                             node,
                             op: graph.node(node).op.name().to_string(),
@@ -577,6 +581,9 @@ pub struct CpuModel {
     stale: HashSet<String>,
     /// The shared pool of `opts.threads` workers (see [`shared_pool`]).
     pool: Option<Arc<rayon::ThreadPool>>,
+    /// Scratch of the compiled segments, shared with the models made by
+    /// [`CpuModel::compile_sharing`].
+    scratch: Arc<Scratch>,
     opts: CpuOptions,
 }
 
@@ -632,6 +639,7 @@ impl CpuModel {
             packed: HashMap::new(),
             stale: HashSet::new(),
             pool,
+            scratch: Arc::default(),
             opts: opts.clone(),
         })
     }
@@ -644,7 +652,8 @@ impl CpuModel {
     /// - param-only results (e.g. concatenated weights) that the new graph
     ///   computes the same way from the same params;
     /// - the packed copies of matmul weights made from those;
-    /// - the thread pool.
+    /// - the thread pool and the scratch memory of compiled segments (the
+    ///   models run one at a time or take more scratch).
     ///
     /// Only the plan and the arena are the new model's own. Both models stay
     /// independent: a later `set_param` on either replaces its value there
@@ -656,6 +665,7 @@ impl CpuModel {
         let mut next = on_pool(pool.as_deref(), || {
             Self::compile_on(graph, &self.opts, pool.clone())
         })?;
+        next.scratch = self.scratch.clone();
         // Which of the new model's values are this model's, by name there.
         let mut same: HashMap<String, String> = HashMap::new();
         for (name, shape) in &next.param_shapes {
@@ -701,12 +711,20 @@ impl CpuModel {
     }
 
     /// Bytes this model holds for itself alone while it is kept: its arena
-    /// (allocated on the first run) and the scratch of its compiled
-    /// segments. Not counted: params and packed weights (possibly shared,
-    /// see [`CpuModel::compile_sharing`]), and the arena of the param-only
-    /// graph, which exists only while that runs after a param change.
+    /// (allocated on the first run). Not counted: what it may share with
+    /// other models (see [`CpuModel::compile_sharing`]): params, packed
+    /// weights and segment scratch ([`CpuModel::scratch_bytes`]); and the
+    /// arena of the param-only graph, which exists only while that runs
+    /// after a param change.
     pub fn plan_bytes(&self) -> usize {
-        self.core.mem.arena_bytes + self.core.scratch_bytes
+        self.core.mem.arena_bytes
+    }
+
+    /// Bytes the (possibly shared) scratch of compiled segments holds now:
+    /// the largest need of one segment among the models sharing it, per
+    /// chunk running at once.
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch.bytes()
     }
 
     /// The packed copies of matmul weights this model holds. Models made
@@ -858,8 +876,13 @@ impl CpuModel {
             });
         }
         self.prepare()?;
-        self.core
-            .execute(&bound, &mut self.params, &self.packed, self.opts.poison_freed)
+        self.core.execute(
+            &bound,
+            &mut self.params,
+            &self.packed,
+            self.opts.poison_freed,
+            &self.scratch,
+        )
     }
 
     /// Bring param-only results and packed weights up to date after param
@@ -870,9 +893,13 @@ impl CpuModel {
         }
         if let Some(prep) = &mut self.prep {
             if prep.names.iter().any(|n| !prep.valid.contains(n)) {
-                let outs =
-                    prep.core
-                        .execute(&HashMap::new(), &mut self.params, &HashMap::new(), false)?;
+                let outs = prep.core.execute(
+                    &HashMap::new(),
+                    &mut self.params,
+                    &HashMap::new(),
+                    false,
+                    &self.scratch,
+                )?;
                 // Prep runs only when params change: its arena is not kept.
                 prep.core.arena = Vec::new();
                 for (name, t) in prep.names.iter().zip(outs) {

@@ -230,6 +230,52 @@ enum FOp {
     },
 }
 
+/// Scratch memory for the chunks of compiled segments, shared by every
+/// segment of a model and by the models made with
+/// [`crate::CpuModel::compile_sharing`]. A running chunk takes one set (one
+/// buffer per intermediate), grows its buffers to what its segment needs and
+/// gives it back. Segments run one after another, so the sets cost the
+/// largest segment's need times the chunks running at once, not the sum over
+/// segments and shapes.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    sets: Mutex<Vec<Vec<Vec<f32>>>>,
+}
+
+impl Scratch {
+    /// Bytes the scratch sets hold now.
+    pub fn bytes(&self) -> usize {
+        let sets = self.sets.lock().unwrap_or_else(|e| e.into_inner());
+        sets.iter()
+            .flat_map(|s| s.iter())
+            .map(|b| b.capacity() * 4)
+            .sum()
+    }
+
+    /// A set whose first `widths.len()` buffers hold at least `w * rows`
+    /// floats each (their contents are whatever the last user left).
+    fn take(&self, widths: &[usize], rows: usize) -> Vec<Vec<f32>> {
+        let taken = self.sets.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut set = taken.unwrap_or_default();
+        if set.len() < widths.len() {
+            set.resize_with(widths.len(), Vec::new);
+        }
+        for (b, &w) in set.iter_mut().zip(widths) {
+            if b.len() < w * rows {
+                b.resize(w * rows, 0.0);
+            }
+        }
+        set
+    }
+
+    fn give_back(&self, set: Vec<Vec<f32>>) {
+        self.sets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(set);
+    }
+}
+
 /// A lowered segment: ops over row chunks, run in one parallel region.
 #[derive(Debug)]
 pub struct FusedPlan {
@@ -241,9 +287,8 @@ pub struct FusedPlan {
     outputs: Vec<View>,
     chunk_rows: usize,
     chunks: usize,
-    /// Scratch sets (one slot buffer per intermediate), one per concurrent
-    /// chunk; a chunk task takes one and gives it back.
-    scratch: Mutex<Vec<Vec<Vec<f32>>>>,
+    /// Chunks expected to run at once (each holds one scratch set).
+    sets: usize,
 }
 
 impl FusedPlan {
@@ -548,9 +593,6 @@ impl FusedPlan {
         };
         let chunks = rows.div_ceil(chunk_rows);
         let sets = chunks.min(threads);
-        let scratch = (0..sets)
-            .map(|_| slots.iter().map(|&w| vec![0f32; w * chunk_rows]).collect())
-            .collect();
         Ok(FusedPlan {
             rows,
             ops,
@@ -558,7 +600,7 @@ impl FusedPlan {
             outputs,
             chunk_rows,
             chunks,
-            scratch: Mutex::new(scratch),
+            sets,
         })
     }
 
@@ -583,21 +625,23 @@ impl FusedPlan {
         }
     }
 
-    /// Bytes of scratch memory this plan holds.
+    /// Bytes of scratch memory this plan needs: one set per chunk expected
+    /// to run at once (see [`Scratch`], which segments share).
     pub fn scratch_bytes(&self) -> usize {
-        let sets = self.scratch.lock().map(|s| s.len()).unwrap_or(0);
-        sets * self.slots.iter().sum::<usize>() * self.chunk_rows * 4
+        self.sets * self.slots.iter().sum::<usize>() * self.chunk_rows * 4
     }
 
     /// Run the segment: `ins` are the boundary inputs in order, `outs` the
     /// boundary outputs in order. Errors carry the failing parent node.
     /// `packed[i]`, where present, is boundary input `i` packed for
-    /// [`gemm_packed`] (a weight), used by the matmuls that read it.
+    /// [`gemm_packed`] (a weight), used by the matmuls that read it. Chunks
+    /// take their intermediate buffers from `scratch`.
     pub fn run(
         &mut self,
         ins: &[In<'_>],
         packed: &[Option<&PackedB>],
         outs: Vec<Out<'_>>,
+        scratch: &Scratch,
     ) -> Result<(), (NodeId, String)> {
         let first = self.ops.first().map(|o| o.0).unwrap_or(NodeId(0));
         let mut outs: Vec<&mut [f32]> = outs
@@ -628,10 +672,7 @@ impl FusedPlan {
         let work = |(c, mut parts): (usize, Vec<&mut [f32]>)| -> Result<(), (NodeId, String)> {
             let r0 = c * cr;
             let nr = cr.min(this.rows - r0);
-            let taken = this.scratch.lock().unwrap_or_else(|e| e.into_inner()).pop();
-            // More concurrent chunks than scratch sets only if the pool grew.
-            let mut bufs =
-                taken.unwrap_or_else(|| this.slots.iter().map(|&w| vec![0f32; w * cr]).collect());
+            let mut bufs = scratch.take(&this.slots, cr);
             let res = (|| {
                 for (node, op) in &this.ops {
                     run_fop(op, ins, packed, &mut bufs, r0, nr, parallel)
@@ -668,10 +709,7 @@ impl FusedPlan {
                 }
                 Ok(())
             })();
-            this.scratch
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(bufs);
+            scratch.give_back(bufs);
             res
         };
         if serial {

@@ -14,6 +14,6 @@ pub mod kernels;
 pub mod peak;
 
 pub use executor::{CpuModel, CpuOptions, ProfileEntry};
-pub use fused::{FusedCompiler, FusedPlan};
+pub use fused::{FusedCompiler, FusedPlan, Scratch};
 pub use isa::{CpuFeatures, Isa};
 pub use peak::{measure_fma_peak, measure_gemm_peak, measure_peaks};
