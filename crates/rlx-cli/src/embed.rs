@@ -230,7 +230,8 @@ impl Sink {
     /// `--format` fails at once.
     fn open(format: Format, output: Option<&PathBuf>) -> Result<Sink, String> {
         let create = |p: &PathBuf| {
-            std::fs::File::create(p).map_err(|e| format!("--output {}: cannot create: {e}", p.display()))
+            std::fs::File::create(p)
+                .map_err(|e| format!("--output {}: cannot create: {e}", p.display()))
         };
         match format {
             Format::Jsonl => {
@@ -273,7 +274,8 @@ impl Sink {
             Sink::Jsonl { out, what } => {
                 let fail = |e: std::io::Error| format!("writing {what}: {e}");
                 for r in rows {
-                    serde_json::to_writer(&mut *out, r).map_err(|e| format!("writing {what}: {e}"))?;
+                    serde_json::to_writer(&mut *out, r)
+                        .map_err(|e| format!("writing {what}: {e}"))?;
                     out.write_all(b"\n").map_err(fail)?;
                 }
                 out.flush().map_err(fail)
@@ -329,9 +331,10 @@ pub fn run(a: EmbedArgs) -> Result<(), String> {
         ));
     }
     let threads = crate::check_threads(a.threads)?;
-    let cache_bytes = a.cache_mb.checked_mul(1 << 20).ok_or_else(|| {
-        format!("--cache-mb {}: too large for this machine", a.cache_mb)
-    })?;
+    let cache_bytes = a
+        .cache_mb
+        .checked_mul(1 << 20)
+        .ok_or_else(|| format!("--cache-mb {}: too large for this machine", a.cache_mb))?;
     let mut input = if let Some(f) = &a.file {
         if !a.texts.is_empty() {
             return Err("give texts as arguments or --file, not both".into());
@@ -426,9 +429,8 @@ pub const MAX_BATCH: usize = 1024;
 /// The header of a little-endian float32 .npy file of shape `[rows, dim]`,
 /// padded to [`NPY_HEADER_BYTES`].
 fn npy_header(rows: u64, dim: usize) -> Vec<u8> {
-    let mut header = format!(
-        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {dim}), }}"
-    );
+    let mut header =
+        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {dim}), }}");
     while 10 + header.len() + 1 < NPY_HEADER_BYTES {
         header.push(' ');
     }

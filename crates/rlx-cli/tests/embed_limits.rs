@@ -41,9 +41,29 @@ fn threads_beyond_the_cores_are_refused_at_once() {
     // A model directory that does not exist: the flag must be refused
     // before anything is loaded.
     for cmd in [
-        vec!["embed", "--model", "/nonexistent/model", "--threads", "100000", "x"],
-        vec!["embed", "--model", "/nonexistent/model", "--threads", "0", "x"],
-        vec!["bench", "--model", "/nonexistent/model", "--threads", "100000"],
+        vec![
+            "embed",
+            "--model",
+            "/nonexistent/model",
+            "--threads",
+            "100000",
+            "x",
+        ],
+        vec![
+            "embed",
+            "--model",
+            "/nonexistent/model",
+            "--threads",
+            "0",
+            "x",
+        ],
+        vec![
+            "bench",
+            "--model",
+            "/nonexistent/model",
+            "--threads",
+            "100000",
+        ],
         vec!["bench-llm", "--synthetic", "--threads", "100000"],
     ] {
         let (ok, out, err, secs) = rlx(&cmd);
@@ -62,19 +82,37 @@ fn threads_beyond_the_cores_are_refused_at_once() {
 fn bad_output_is_refused_before_compute() {
     // Again a model that does not exist: the output error must come first.
     let (ok, _, err, _) = rlx(&[
-        "embed", "--model", "/nonexistent/model", "-o", "/nonexistent/dir/x.npy", "--format",
-        "npy", "x",
+        "embed",
+        "--model",
+        "/nonexistent/model",
+        "-o",
+        "/nonexistent/dir/x.npy",
+        "--format",
+        "npy",
+        "x",
     ]);
     assert!(!ok);
     assert!(
         err.contains("--output /nonexistent/dir/x.npy: cannot create"),
         "{err}"
     );
-    let (ok, _, err, _) = rlx(&["embed", "--model", "/nonexistent/model", "--format", "npy", "x"]);
+    let (ok, _, err, _) = rlx(&[
+        "embed",
+        "--model",
+        "/nonexistent/model",
+        "--format",
+        "npy",
+        "x",
+    ]);
     assert!(!ok);
     assert!(err.contains("--format npy: needs --output FILE"), "{err}");
     let (ok, _, err, _) = rlx(&[
-        "embed", "--model", "/nonexistent/model", "--batch-size", "0", "x",
+        "embed",
+        "--model",
+        "/nonexistent/model",
+        "--batch-size",
+        "0",
+        "x",
     ]);
     assert!(!ok);
     assert!(err.contains("--batch-size 0: expected 1 to 1024"), "{err}");
@@ -86,7 +124,13 @@ fn dev_zero_is_refused_as_not_text() {
         println!("skipped: model not fetched");
         return;
     };
-    let (ok, out, err, secs) = rlx(&["embed", "--model", m.to_str().unwrap(), "--file", "/dev/zero"]);
+    let (ok, out, err, secs) = rlx(&[
+        "embed",
+        "--model",
+        m.to_str().unwrap(),
+        "--file",
+        "/dev/zero",
+    ]);
     assert!(!ok);
     assert!(out.is_empty());
     assert!(err.contains("line 1 contains a NUL byte"), "{err}");
@@ -102,7 +146,10 @@ fn parse_rows(jsonl: &str) -> Vec<Vec<f32>> {
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -116,7 +163,13 @@ fn a_line_over_64_kib_is_truncated_not_buffered() {
     // 1 MB of words on one line, then a short line.
     let long = "word ".repeat(200_000);
     std::fs::write(&f, format!("{long}\nhello world\n")).unwrap();
-    let (ok, out, err, _) = rlx(&["embed", "--model", m.to_str().unwrap(), "--file", f.to_str().unwrap()]);
+    let (ok, out, err, _) = rlx(&[
+        "embed",
+        "--model",
+        m.to_str().unwrap(),
+        "--file",
+        f.to_str().unwrap(),
+    ]);
     assert!(ok, "{err}");
     assert!(err.contains("line 1 is longer than 65536 bytes"), "{err}");
     let rows = parse_rows(&out);
@@ -124,7 +177,13 @@ fn a_line_over_64_kib_is_truncated_not_buffered() {
     // The model reads 256 tokens at most: the truncated line embeds like
     // 300 words of it, and the next line is read normally.
     let short = "word ".repeat(300);
-    let (ok, want, _, _) = rlx(&["embed", "--model", m.to_str().unwrap(), short.trim_end(), "hello world"]);
+    let (ok, want, _, _) = rlx(&[
+        "embed",
+        "--model",
+        m.to_str().unwrap(),
+        short.trim_end(),
+        "hello world",
+    ]);
     assert!(ok);
     let want = parse_rows(&want);
     assert!(max_diff(&rows[0], &want[0]) < 1e-5);
@@ -175,8 +234,17 @@ fn npy_output_streams_and_has_the_right_header() {
     let lines: Vec<String> = (1..=5).map(|i| "word ".repeat(i)).collect();
     std::fs::write(&f, lines.join("\n")).unwrap();
     let (ok, _, err, _) = rlx(&[
-        "embed", "--model", m.to_str().unwrap(), "--file", f.to_str().unwrap(), "--batch-size",
-        "2", "--format", "npy", "-o", o.to_str().unwrap(),
+        "embed",
+        "--model",
+        m.to_str().unwrap(),
+        "--file",
+        f.to_str().unwrap(),
+        "--batch-size",
+        "2",
+        "--format",
+        "npy",
+        "-o",
+        o.to_str().unwrap(),
     ]);
     assert!(ok, "{err}");
     let bytes = std::fs::read(&o).unwrap();
@@ -185,7 +253,13 @@ fn npy_output_streams_and_has_the_right_header() {
     let header = std::str::from_utf8(&bytes[10..10 + hlen]).unwrap();
     assert!(header.contains("'shape': (5, 384)"), "{header}");
     assert_eq!(bytes.len(), 10 + hlen + 5 * 384 * 4);
-    let (ok, json, _, _) = rlx(&["embed", "--model", m.to_str().unwrap(), "--file", f.to_str().unwrap()]);
+    let (ok, json, _, _) = rlx(&[
+        "embed",
+        "--model",
+        m.to_str().unwrap(),
+        "--file",
+        f.to_str().unwrap(),
+    ]);
     assert!(ok);
     let want = parse_rows(&json);
     for (i, w) in want.iter().enumerate() {
@@ -262,8 +336,13 @@ fn peak_memory_does_not_grow_with_the_input() {
         );
         let t = Instant::now();
         let (peak, rows) = peak_rss(&[
-            "embed", "--model", m.to_str().unwrap(), "--file", f.to_str().unwrap(),
-            "--batch-size", "32",
+            "embed",
+            "--model",
+            m.to_str().unwrap(),
+            "--file",
+            f.to_str().unwrap(),
+            "--batch-size",
+            "32",
         ]);
         assert_eq!(rows, n);
         println!(
@@ -303,7 +382,13 @@ fn every_length_to_254_words_stays_under_1_5_gb() {
     );
     let t = Instant::now();
     let (peak, rows) = peak_rss(&[
-        "embed", "--model", m.to_str().unwrap(), "--batch-size", "8", "--file", f.to_str().unwrap(),
+        "embed",
+        "--model",
+        m.to_str().unwrap(),
+        "--batch-size",
+        "8",
+        "--file",
+        f.to_str().unwrap(),
     ]);
     assert_eq!(rows, 2032);
     println!(

@@ -236,13 +236,13 @@ impl Core {
                         .map(|id| packed.get(id).map(|p| &**p))
                         .collect();
                     let t0 = std::time::Instant::now();
-                    lowered.run(&ins, &packs, outs, scratch).map_err(|(node, message)| {
-                        RuntimeError::Kernel {
+                    lowered
+                        .run(&ins, &packs, outs, scratch)
+                        .map_err(|(node, message)| RuntimeError::Kernel {
                             node,
                             op: graph.node(node).op.name().to_string(),
                             message,
-                        }
-                    })?;
+                        })?;
                     if let Some(prof) = profile.as_mut() {
                         let flops = segment
                             .nodes
@@ -592,7 +592,9 @@ impl CpuModel {
     pub fn compile(graph: Graph, opts: &CpuOptions) -> Result<CpuModel, RuntimeError> {
         let pool = opts.threads.map(shared_pool).transpose()?;
         // Plans size their work split by the pool they will run on.
-        on_pool(pool.as_deref(), || Self::compile_on(graph, opts, pool.clone()))
+        on_pool(pool.as_deref(), || {
+            Self::compile_on(graph, opts, pool.clone())
+        })
     }
 
     fn compile_on(

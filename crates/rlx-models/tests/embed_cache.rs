@@ -3,8 +3,8 @@
 //! packed weights, and the cache stays within its byte budget.
 
 use rlx_models::{EmbedOptions, SentenceEmbedder};
-use std::path::PathBuf;
 use rlx_runtime::{Executable, TensorRef};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 fn model_dir() -> Option<PathBuf> {
@@ -20,7 +20,11 @@ fn texts() -> Vec<String> {
         .iter()
         .map(|&n| {
             (0..n)
-                .map(|i| ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dogs"][i % 8])
+                .map(|i| {
+                    [
+                        "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dogs",
+                    ][i % 8]
+                })
                 .collect::<Vec<_>>()
                 .join(" ")
         })
@@ -68,7 +72,11 @@ fn bucketed_sequence_lengths_give_the_unpadded_embeddings() {
         let seqs = |m: &SentenceEmbedder| -> Vec<usize> {
             m.cache_stats().shapes.iter().map(|s| s.1).collect()
         };
-        assert!(seqs(&padded).iter().all(|s| s % 16 == 0), "{:?}", seqs(&padded));
+        assert!(
+            seqs(&padded).iter().all(|s| s % 16 == 0),
+            "{:?}",
+            seqs(&padded)
+        );
         assert!(seqs(&wide).iter().all(|s| s % 64 == 0), "{:?}", seqs(&wide));
         assert!(seqs(&exact).iter().any(|s| s % 16 != 0));
         assert!(padded.cache_stats().compiled < exact.cache_stats().compiled);
@@ -117,7 +125,10 @@ fn shapes_share_the_packed_weights_and_the_budget_holds() {
     let packed_bytes = m.model_for(1, 16, false).unwrap().packed_bytes();
     // MiniLM's matmul weights: 6 layers of 4 x 384 x 384 + 2 x 384 x 1536
     // floats (10.6M, 42 MB).
-    assert!(packed_bytes >= 6 * (4 * 384 * 384 + 2 * 384 * 1536) * 4, "{packed_bytes}");
+    assert!(
+        packed_bytes >= 6 * (4 * 384 * 384 + 2 * 384 * 1536) * 4,
+        "{packed_bytes}"
+    );
     assert!(!first.is_empty());
     for seq in [32, 48, 64, 80] {
         // Shared from the start and still after running (nothing re-packed).
@@ -126,7 +137,10 @@ fn shapes_share_the_packed_weights_and_the_budget_holds() {
         let other = run(other, seq);
         let p = other.packed_weights();
         assert_eq!(p.len(), first.len());
-        assert!(p.iter().zip(&first).all(|(a, b)| Arc::ptr_eq(a, b)), "seq {seq}");
+        assert!(
+            p.iter().zip(&first).all(|(a, b)| Arc::ptr_eq(a, b)),
+            "seq {seq}"
+        );
         assert_eq!(other.packed_bytes(), packed_bytes);
     }
     let s = m.cache_stats();
