@@ -659,11 +659,19 @@ impl CpuModel {
     ///
     /// Only the plan and the arena are the new model's own. Both models stay
     /// independent: a later `set_param` on either replaces its value there
-    /// only. This model's pending param changes are applied first (its
-    /// param-only graph runs and its weights are packed if they are stale).
+    /// only. When this model has every param set, its pending param changes
+    /// are applied first (its param-only graph runs and stale weights are
+    /// packed), so all of it is shared; otherwise only its set params are
+    /// (the new model computes the rest on its first run).
     pub fn compile_sharing(&mut self, graph: Graph) -> Result<CpuModel, RuntimeError> {
         let pool = self.pool.clone();
-        on_pool(pool.as_deref(), || self.prepare())?;
+        if self
+            .param_shapes
+            .keys()
+            .all(|n| self.params.contains_key(n))
+        {
+            on_pool(pool.as_deref(), || self.prepare())?;
+        }
         let mut next = on_pool(pool.as_deref(), || {
             Self::compile_on(graph, &self.opts, pool.clone())
         })?;
@@ -686,7 +694,9 @@ impl CpuModel {
                 let found = (0..mine.names.len())
                     .find(|&j| id_of(&ids[0], &mine.core.graph, j) == want)
                     .map(|j| &mine.names[j]);
-                let Some(src) = found else { continue };
+                let Some(src) = found.filter(|src| mine.valid.contains(*src)) else {
+                    continue;
+                };
                 let inputs_shared = theirs.core.graph.nodes().iter().all(|n| match &n.op {
                     Op::Param { name } => same.contains_key(name),
                     _ => true,
@@ -699,7 +709,9 @@ impl CpuModel {
             }
         }
         for (id, name) in &next.packable {
-            let Some(src) = same.get(name) else { continue };
+            let Some(src) = same.get(name).filter(|src| !self.stale.contains(*src)) else {
+                continue;
+            };
             let packed = self
                 .packable
                 .iter()

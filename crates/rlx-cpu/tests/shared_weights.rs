@@ -109,3 +109,20 @@ fn a_param_of_another_shape_is_not_shared() {
     assert!(err.contains("w1"), "{err}");
     assert!(b.packed_weights().is_empty());
 }
+
+#[test]
+fn a_model_missing_params_shares_what_it_has() {
+    let (w1, w2) = (vals(K * N, 1.0), vals(K * N, 2.0));
+    let mut a = fresh(2, &w1, &w2, true);
+    let ya = run(&mut a, 2);
+    // w2 gone: the concat and its packed copy in `a` are out of date and
+    // must not be handed on; w1 is.
+    assert!(a.take_param("w2").is_some());
+    let mut b = a.compile_sharing(graph(2)).unwrap();
+    assert!(b.packed_weights().is_empty());
+    let x = vals(2 * K, 0.5);
+    let err = b.run(&[("x", TensorRef::F32(&x))]).unwrap_err().to_string();
+    assert!(err.contains("w2"), "{err}");
+    b.set_param("w2", TensorRef::F32(&w2)).unwrap();
+    assert_eq!(run(&mut b, 2), ya);
+}
