@@ -57,6 +57,7 @@ pub struct BenchArgs {
 
 /// Run `rlx bench`.
 pub fn run(a: BenchArgs) -> Result<(), String> {
+    crate::check_threads(a.threads)?;
     let hybrid = a.mode == Mode::Hybrid;
     let (cfg, _, dir) = resolve_config(&a.model)?;
     checks::positive("--batch", a.batch)?;
@@ -114,6 +115,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                     optimize: true,
                     f16_weights: a.f16_weights,
                     bf16,
+                    ..Default::default()
                 },
             )
             .map_err(|e| e.to_string())?;

@@ -40,6 +40,7 @@ fn llama_device(
     mode: Mode,
     threads: Option<usize>,
 ) -> Result<LlamaDevice, String> {
+    let threads = crate::check_threads(threads)?;
     match device {
         DeviceArg::Cpu => Ok(LlamaDevice::Cpu(CpuOptions {
             hybrid: mode == Mode::Hybrid,

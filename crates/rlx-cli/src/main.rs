@@ -77,12 +77,14 @@ pub fn default_smollm2() -> PathBuf {
     models_dir().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
-/// Run the fetch script for `which`.
+/// Run the fetch script for `which`. Its progress (and pip's) goes to
+/// stderr: stdout carries only a command's data (e.g. `rlx embed`'s JSON lines).
 pub fn fetch(which: &str) -> Result<(), String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/fetch_models.py");
     let status = std::process::Command::new("python3")
         .arg(script)
         .arg(which)
+        .stdout(std::io::stderr())
         .status()
         .map_err(|e| format!("could not start python3 to fetch models: {e}"))?;
     if status.success() {
@@ -92,6 +94,23 @@ pub fn fetch(which: &str) -> Result<(), String> {
             "fetching '{which}' failed (see the messages above)"
         ))
     }
+}
+
+/// Validate a `--threads` value: at least 1, and at most the cores this
+/// process may run on (`std::thread::available_parallelism`), since more
+/// workers than cores only contend. `None` (the flag not given) is rayon's
+/// default, one worker per core.
+pub fn check_threads(threads: Option<usize>) -> Result<Option<usize>, String> {
+    let Some(t) = threads else {
+        return Ok(None);
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if t == 0 || t > cores {
+        return Err(format!(
+            "--threads {t}: expected 1 to {cores} (the cores available to this process)"
+        ));
+    }
+    Ok(Some(t))
 }
 
 fn main() -> ExitCode {

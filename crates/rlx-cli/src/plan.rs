@@ -52,7 +52,8 @@ pub struct PlanArgs {
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
     /// CPU: plan for this many worker threads (segment chunking depends on
-    /// it; default: one per core).
+    /// it; default: one per core). May exceed this machine's cores, to see
+    /// another machine's plan (at most 512).
     #[arg(long)]
     threads: Option<usize>,
     /// Arithmetic to plan for (CUDA: f32, tf32, bf16, f16).
@@ -76,6 +77,11 @@ fn plan_cpu(g: &rlx::ir::Graph, a: &PlanArgs) -> Result<Planned, String> {
             a.precision
         ));
     }
+    // Planning for another machine's thread count is allowed (the pool's
+    // threads stay idle), within a bound.
+    if let Some(t) = a.threads.filter(|&t| t == 0 || t > MAX_PLAN_THREADS) {
+        return Err(format!("--threads {t}: expected 1..={MAX_PLAN_THREADS}"));
+    }
     let model = compile(g, a.mode == Mode::Hybrid, a.threads)?;
     let isa = rlx::cpu::Isa::active();
     let bf16_hw = rlx::cpu::CpuFeatures::get().avx512bf16 && isa == rlx::cpu::Isa::Avx512;
@@ -98,6 +104,9 @@ fn plan_cpu(g: &rlx::ir::Graph, a: &PlanArgs) -> Result<Planned, String> {
         extra: json!({"isa": isa.name()}),
     })
 }
+
+/// The most threads `rlx plan --threads` plans for.
+const MAX_PLAN_THREADS: usize = 512;
 
 fn rayon_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

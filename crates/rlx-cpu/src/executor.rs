@@ -2,7 +2,7 @@
 //! dispatches thunks and compiled segments, and reads the outputs back.
 
 use crate::arena::{region, region_mut, split_io, Region};
-use crate::fused::{FusedCompiler, FusedPlan};
+use crate::fused::{FusedCompiler, FusedPlan, Scratch};
 use crate::kernels::packed_gemm::PackedB;
 use crate::kernels::{self, In};
 use rlx_ir::{Graph, Node, NodeId, Op, Tensor, TensorData};
@@ -23,7 +23,10 @@ pub struct CpuOptions {
     pub hybrid: bool,
     /// Which ops may enter compiled segments.
     pub policy: SplitPolicy,
-    /// Worker threads; `None` uses rayon's global pool.
+    /// Worker threads; `None` uses rayon's global pool. Models asking for
+    /// the same count share one pool per process (see [`shared_pool`])
+    /// while any of them lives, so compiling many models never multiplies
+    /// the threads.
     pub threads: Option<usize>,
     /// Fill every tensor with NaN bytes once its last reader has run. A test
     /// aid: a plan that frees memory too early then shows up as NaN.
@@ -97,6 +100,8 @@ struct Core {
     /// Allocated on the first run (empty until then), so compiling to
     /// inspect a plan never touches the arena's memory.
     arena: Vec<u64>,
+    /// The most scratch one compiled segment needs (segments share one
+    /// [`Scratch`], one at a time).
     scratch_bytes: usize,
     /// Collects per-dispatch timings while `Some`.
     profile: Option<Vec<ProfileEntry>>,
@@ -203,6 +208,7 @@ impl Core {
         packed: &PackedParams,
         poison: bool,
         check_finite: bool,
+        scratch: &Scratch,
     ) -> Result<Vec<Tensor>, RuntimeError> {
         self.ensure_arena()?;
         for (&id, data) in inputs {
@@ -283,13 +289,13 @@ impl Core {
                         .map(|id| packed.get(id).map(|p| &**p))
                         .collect();
                     let t0 = std::time::Instant::now();
-                    lowered.run(&ins, &packs, outs).map_err(|(node, message)| {
-                        RuntimeError::Kernel {
+                    lowered
+                        .run(&ins, &packs, outs, scratch)
+                        .map_err(|(node, message)| RuntimeError::Kernel {
                             node,
                             op: graph.node(node).op.name().to_string(),
                             message,
-                        }
-                    })?;
+                        })?;
                     if check_finite {
                         let context = format!(
                             " (boundary output of compiled segment {}..={})",
@@ -603,6 +609,69 @@ struct Prep {
     core: Core,
     /// Name under which each prep output is stored among the params.
     names: Vec<String>,
+    /// Outputs whose stored value is current (taken over from another
+    /// model by [`CpuModel::compile_sharing`], or computed since the last
+    /// param change); the prep graph runs when any other is needed.
+    valid: HashSet<String>,
+}
+
+/// The process-wide rayon pool of `threads` workers: the one some live model
+/// already uses, or a new one. Pools are held by the models (through the
+/// `Arc`) and end when the last model using them is dropped.
+pub fn shared_pool(threads: usize) -> Result<Arc<rayon::ThreadPool>, RuntimeError> {
+    static POOLS: std::sync::Mutex<Vec<(usize, std::sync::Weak<rayon::ThreadPool>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut pools = POOLS.lock().unwrap_or_else(|e| e.into_inner());
+    pools.retain(|(_, w)| w.strong_count() > 0);
+    if let Some(p) = pools
+        .iter()
+        .find(|(t, _)| *t == threads)
+        .and_then(|(_, w)| w.upgrade())
+    {
+        return Ok(p);
+    }
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| RuntimeError::Unsupported(format!("thread pool of {threads}: {e}")))?,
+    );
+    pools.push((threads, Arc::downgrade(&pool)));
+    Ok(pool)
+}
+
+/// `f` on `pool` (or on the caller's pool).
+fn on_pool<R: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> R + Send) -> R {
+    match pool {
+        Some(p) => p.install(f),
+        None => f(),
+    }
+}
+
+/// A number per node of each graph, equal for two nodes exactly when they
+/// apply the same op, at the same shape, to equally numbered inputs (leaves:
+/// the same param name or constant value at the same shape). Nodes of
+/// different graphs with equal numbers compute the same value from equal
+/// params.
+fn value_ids(graphs: &[&Graph]) -> Vec<Vec<u32>> {
+    let mut table: HashMap<String, u32> = HashMap::new();
+    graphs
+        .iter()
+        .map(|g| {
+            let mut ids: Vec<u32> = Vec::with_capacity(g.len());
+            for n in g.nodes() {
+                let ins: Vec<u32> = n
+                    .inputs
+                    .iter()
+                    .map(|i| ids.get(i.index()).copied().unwrap_or(u32::MAX))
+                    .collect();
+                let key = format!("{:?}|{:?}|{:?}", n.op, n.shape, ins);
+                let fresh = table.len() as u32;
+                ids.push(*table.entry(key).or_insert(fresh));
+            }
+            ids
+        })
+        .collect()
 }
 
 /// A graph compiled for the CPU.
@@ -618,11 +687,13 @@ pub struct CpuModel {
     packed: PackedParams,
     /// Params set since their packed copies were made.
     stale: HashSet<String>,
-    pool: Option<rayon::ThreadPool>,
-    poison: bool,
+    /// The shared pool of `opts.threads` workers (see [`shared_pool`]).
+    pool: Option<Arc<rayon::ThreadPool>>,
+    /// Scratch of the compiled segments, shared with the models made by
+    /// [`CpuModel::compile_sharing`].
+    scratch: Arc<Scratch>,
+    opts: CpuOptions,
     check_finite: bool,
-    f16_weights: bool,
-    bf16: bool,
 }
 
 impl CpuModel {
@@ -634,6 +705,18 @@ impl CpuModel {
     /// [`rlx_runtime::limits::memory_limit`] first, and a graph that would
     /// not fit is a [`RuntimeError::MemoryLimit`] naming the size.
     pub fn compile(graph: Graph, opts: &CpuOptions) -> Result<CpuModel, RuntimeError> {
+        let pool = opts.threads.map(shared_pool).transpose()?;
+        // Plans size their work split by the pool they will run on.
+        on_pool(pool.as_deref(), || {
+            Self::compile_on(graph, opts, pool.clone())
+        })
+    }
+
+    fn compile_on(
+        graph: Graph,
+        opts: &CpuOptions,
+        pool: Option<Arc<rayon::ThreadPool>>,
+    ) -> Result<CpuModel, RuntimeError> {
         graph.verify()?;
         let param_bytes: u128 = graph
             .nodes()
@@ -656,6 +739,7 @@ impl CpuModel {
                 Some(Prep {
                     core: Core::new(prep_graph, &thunks)?,
                     names,
+                    valid: HashSet::new(),
                 })
             }
         };
@@ -670,15 +754,6 @@ impl CpuModel {
                 _ => {}
             }
         }
-        let pool = match opts.threads {
-            Some(t) => Some(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(t)
-                    .build()
-                    .map_err(|e| RuntimeError::Unsupported(format!("thread pool: {e}")))?,
-            ),
-            None => None,
-        };
         let packable = packable_params(&main);
         // Inside the pool: segment layouts depend on its thread count.
         let core = match &pool {
@@ -696,10 +771,9 @@ impl CpuModel {
             packed: HashMap::new(),
             stale: HashSet::new(),
             pool,
-            poison: opts.poison_freed,
             check_finite: opts.check_finite || check_finite_from_env(),
-            f16_weights: opts.f16_weights,
-            bf16: opts.bf16,
+            scratch: Arc::default(),
+            opts: opts.clone(),
         })
     }
 
@@ -718,6 +792,111 @@ impl CpuModel {
     /// compiling alone never allocates it).
     pub fn arena_allocated(&self) -> bool {
         !self.core.arena.is_empty() || self.core.mem.arena_bytes == 0
+    }
+
+    /// Compile `graph` (typically the same model at another batch shape)
+    /// with this model's options, sharing with this model every value that
+    /// does not depend on the graph's inputs:
+    ///
+    /// - params of the same name and shape (the tensors, not copies);
+    /// - param-only results (e.g. concatenated weights) that the new graph
+    ///   computes the same way from the same params;
+    /// - the packed copies of matmul weights made from those;
+    /// - the thread pool and the scratch memory of compiled segments (the
+    ///   models run one at a time or take more scratch).
+    ///
+    /// Only the plan and the arena are the new model's own. Both models stay
+    /// independent: a later `set_param` on either replaces its value there
+    /// only. When this model has every param set, its pending param changes
+    /// are applied first (its param-only graph runs and stale weights are
+    /// packed), so all of it is shared; otherwise only its set params are
+    /// (the new model computes the rest on its first run).
+    pub fn compile_sharing(&mut self, graph: Graph) -> Result<CpuModel, RuntimeError> {
+        let pool = self.pool.clone();
+        if self
+            .param_shapes
+            .keys()
+            .all(|n| self.params.contains_key(n))
+        {
+            on_pool(pool.as_deref(), || self.prepare())?;
+        }
+        let mut next = on_pool(pool.as_deref(), || {
+            Self::compile_on(graph, &self.opts, pool.clone())
+        })?;
+        next.scratch = self.scratch.clone();
+        // Which of the new model's values are this model's, by name there.
+        let mut same: HashMap<String, String> = HashMap::new();
+        for (name, shape) in &next.param_shapes {
+            if self.param_shapes.get(name) == Some(shape) {
+                if let Some(t) = self.params.get(name) {
+                    next.params.insert(name.clone(), t.clone());
+                    same.insert(name.clone(), name.clone());
+                }
+            }
+        }
+        if let (Some(mine), Some(theirs)) = (&self.prep, &mut next.prep) {
+            let ids = value_ids(&[&mine.core.graph, &theirs.core.graph]);
+            let id_of = |ids: &[u32], g: &Graph, k: usize| ids[g.outputs[k].index()];
+            for (k, name) in theirs.names.iter().enumerate() {
+                let want = id_of(&ids[1], &theirs.core.graph, k);
+                let found = (0..mine.names.len())
+                    .find(|&j| id_of(&ids[0], &mine.core.graph, j) == want)
+                    .map(|j| &mine.names[j]);
+                let Some(src) = found.filter(|src| mine.valid.contains(*src)) else {
+                    continue;
+                };
+                let inputs_shared = theirs.core.graph.nodes().iter().all(|n| match &n.op {
+                    Op::Param { name } => same.contains_key(name),
+                    _ => true,
+                });
+                if let (true, Some(t)) = (inputs_shared, self.params.get(src)) {
+                    next.params.insert(name.clone(), t.clone());
+                    theirs.valid.insert(name.clone());
+                    same.insert(name.clone(), src.clone());
+                }
+            }
+        }
+        for (id, name) in &next.packable {
+            let Some(src) = same.get(name).filter(|src| !self.stale.contains(*src)) else {
+                continue;
+            };
+            let packed = self
+                .packable
+                .iter()
+                .find(|(_, n)| n == src)
+                .and_then(|(sid, _)| self.packed.get(sid));
+            if let Some(p) = packed {
+                next.packed.insert(*id, p.clone());
+            }
+        }
+        Ok(next)
+    }
+
+    /// Bytes this model holds for itself alone while it is kept: its arena
+    /// (allocated on the first run). Not counted: what it may share with
+    /// other models (see [`CpuModel::compile_sharing`]): params, packed
+    /// weights and segment scratch ([`CpuModel::scratch_bytes`]); and the
+    /// arena of the param-only graph, which exists only while that runs
+    /// after a param change.
+    pub fn plan_bytes(&self) -> usize {
+        self.core.mem.arena_bytes
+    }
+
+    /// Bytes the (possibly shared) scratch of compiled segments holds now:
+    /// the largest need of one segment among the models sharing it, per
+    /// chunk running at once.
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch.bytes()
+    }
+
+    /// The packed copies of matmul weights this model holds. Models made
+    /// with [`CpuModel::compile_sharing`] hold the same `Arc`s (compare
+    /// them with `Arc::ptr_eq`).
+    pub fn packed_weights(&self) -> Vec<Arc<PackedB>> {
+        let mut v: Vec<(NodeId, Arc<PackedB>)> =
+            self.packed.iter().map(|(k, p)| (*k, p.clone())).collect();
+        v.sort_by_key(|(k, _)| *k);
+        v.into_iter().map(|(_, p)| p).collect()
     }
 
     /// Bytes of the memory plan's safety check: no two live tensors overlap.
@@ -760,9 +939,9 @@ impl CpuModel {
                 op: "PackWeight".into(),
                 message: format!("param '{name}' {}: {e}", t.shape),
             })?;
-            let packed = if self.bf16 {
+            let packed = if self.opts.bf16 {
                 packed.to_bf16()
-            } else if self.f16_weights {
+            } else if self.opts.f16_weights {
                 packed.to_f16()
             } else {
                 packed
@@ -801,6 +980,16 @@ impl CpuModel {
     /// The graph actually executed (param-only nodes replaced by `%static.N` params).
     pub fn graph(&self) -> &Graph {
         &self.core.graph
+    }
+
+    /// `name` got a new value (or lost it): its packed copy and every
+    /// param-only result are out of date.
+    fn param_changed(&mut self, name: &str) {
+        self.stale.insert(name.to_string());
+        self.dirty = true;
+        if let Some(prep) = &mut self.prep {
+            prep.valid.clear();
+        }
     }
 
     fn run_inner(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {
@@ -848,30 +1037,47 @@ impl CpuModel {
                 shape: (*shape).clone(),
             });
         }
-        if self.dirty {
-            if let Some(prep) = &mut self.prep {
+        self.prepare()?;
+        self.core.execute(
+            &bound,
+            &mut self.params,
+            &self.packed,
+            self.opts.poison_freed,
+            self.check_finite,
+            &self.scratch,
+        )
+    }
+
+    /// Bring param-only results and packed weights up to date after param
+    /// changes (a no-op when nothing changed).
+    fn prepare(&mut self) -> Result<(), RuntimeError> {
+        if !self.dirty {
+            return Ok(());
+        }
+        if let Some(prep) = &mut self.prep {
+            if prep.names.iter().any(|n| !prep.valid.contains(n)) {
                 let outs = prep.core.execute(
                     &HashMap::new(),
                     &mut self.params,
                     &HashMap::new(),
                     false,
                     self.check_finite,
+                    &self.scratch,
                 )?;
+                // Prep runs only when params change: its arena is not kept.
+                prep.core.arena = Vec::new();
                 for (name, t) in prep.names.iter().zip(outs) {
-                    self.params.insert(name.clone(), t);
-                    self.stale.insert(name.clone());
+                    if !prep.valid.contains(name) {
+                        self.params.insert(name.clone(), t);
+                        self.stale.insert(name.clone());
+                    }
                 }
+                prep.valid = prep.names.iter().cloned().collect();
             }
-            self.repack()?;
-            self.dirty = false;
         }
-        self.core.execute(
-            &bound,
-            &mut self.params,
-            &self.packed,
-            self.poison,
-            self.check_finite,
-        )
+        self.repack()?;
+        self.dirty = false;
+        Ok(())
     }
 }
 
@@ -883,8 +1089,7 @@ impl Executable for CpuModel {
             .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
         check_buffer(name, shape, &value)?;
         self.params.insert(name.to_string(), value.to_tensor(shape));
-        self.stale.insert(name.to_string());
-        self.dirty = true;
+        self.param_changed(name);
         Ok(())
     }
 
@@ -902,14 +1107,12 @@ impl Executable for CpuModel {
             });
         }
         self.params.insert(name.to_string(), value);
-        self.stale.insert(name.to_string());
-        self.dirty = true;
+        self.param_changed(name);
         Ok(())
     }
 
     fn take_param(&mut self, name: &str) -> Option<Tensor> {
-        self.dirty = true;
-        self.stale.insert(name.to_string());
+        self.param_changed(name);
         self.packed.retain(
             |id, _| !matches!(&self.core.graph.node(*id).op, Op::Param { name: n } if n == name),
         );
@@ -917,14 +1120,8 @@ impl Executable for CpuModel {
     }
 
     fn run(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {
-        match self.pool.take() {
-            Some(pool) => {
-                let r = pool.install(|| self.run_inner(inputs));
-                self.pool = Some(pool);
-                r
-            }
-            None => self.run_inner(inputs),
-        }
+        let pool = self.pool.clone();
+        on_pool(pool.as_deref(), || self.run_inner(inputs))
     }
 
     fn report(&self) -> &PlanReport {

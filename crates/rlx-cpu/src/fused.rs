@@ -5,8 +5,8 @@
 //! vectors. A segment of such ops lowers to a [`FusedPlan`] that splits the
 //! rows into chunks and runs the whole segment on each chunk inside one
 //! rayon parallel region: one fork/join per segment, and every intermediate
-//! stays in a chunk-sized, cache-resident scratch buffer (from one pool
-//! shared by every plan of the process).
+//! stays in a chunk-sized, cache-resident scratch buffer (a [`Scratch`]
+//! shared by the model's segments).
 //!
 //! Folding done at lower time:
 //! - views: Reshape keeping the last dim, same-dtype Cast and last-axis
@@ -255,6 +255,52 @@ impl FOp {
     }
 }
 
+/// Scratch memory for the chunks of compiled segments, shared by every
+/// segment of a model and by the models made with
+/// [`crate::CpuModel::compile_sharing`]. A running chunk takes one set (one
+/// buffer per intermediate), grows its buffers to what its segment needs and
+/// gives it back. Segments run one after another, so the sets cost the
+/// largest segment's need times the chunks running at once, not the sum over
+/// segments and shapes.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    sets: Mutex<Vec<Vec<Vec<f32>>>>,
+}
+
+impl Scratch {
+    /// Bytes the scratch sets hold now.
+    pub fn bytes(&self) -> usize {
+        let sets = self.sets.lock().unwrap_or_else(|e| e.into_inner());
+        sets.iter()
+            .flat_map(|s| s.iter())
+            .map(|b| b.capacity() * 4)
+            .sum()
+    }
+
+    /// A set whose first `widths.len()` buffers hold at least `w * rows`
+    /// floats each (their contents are whatever the last user left).
+    fn take(&self, widths: &[usize], rows: usize) -> Vec<Vec<f32>> {
+        let taken = self.sets.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut set = taken.unwrap_or_default();
+        if set.len() < widths.len() {
+            set.resize_with(widths.len(), Vec::new);
+        }
+        for (b, &w) in set.iter_mut().zip(widths) {
+            if b.len() < w * rows {
+                b.resize(w * rows, 0.0);
+            }
+        }
+        set
+    }
+
+    fn give_back(&self, set: Vec<Vec<f32>>) {
+        self.sets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(set);
+    }
+}
+
 /// A lowered segment: ops over row chunks, run in one parallel region.
 #[derive(Debug)]
 pub struct FusedPlan {
@@ -268,41 +314,8 @@ pub struct FusedPlan {
     chunks: usize,
     /// The cost model's figures for the chosen chunking.
     cost: String,
-    /// Scratch sets a run can take from [`SCRATCH`] at once (one per
-    /// concurrent chunk).
+    /// Chunks expected to run at once (each holds one scratch set).
     sets: usize,
-}
-
-/// Scratch sets (one buffer per slot) shared by every fused plan of the
-/// process. A chunk task takes one, grows its buffers to its plan's slots
-/// (buffers only grow, and may be longer than a slot needs: every read
-/// and write goes through explicit row extents) and gives it back. The
-/// process then holds scratch for its most concurrent chunks, not one set
-/// per chunk of every segment of every compiled shape (MiniLM 32x128 on
-/// 16 threads: 434 MB of per-plan scratch before).
-static SCRATCH: Mutex<Vec<Vec<Vec<f32>>>> = Mutex::new(Vec::new());
-
-/// A scratch set from [`SCRATCH`] that holds at least `rows` rows of each
-/// slot width in `slots`.
-fn take_scratch(slots: &[usize], rows: usize) -> Vec<Vec<f32>> {
-    let mut set = SCRATCH
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .pop()
-        .unwrap_or_default();
-    if set.len() < slots.len() {
-        set.resize_with(slots.len(), Vec::new);
-    }
-    for (buf, &w) in set.iter_mut().zip(slots) {
-        if buf.len() < w * rows {
-            buf.resize(w * rows, 0.0);
-        }
-    }
-    set
-}
-
-fn give_scratch(set: Vec<Vec<f32>>) {
-    SCRATCH.lock().unwrap_or_else(|e| e.into_inner()).push(set);
 }
 
 impl FusedPlan {
@@ -658,8 +671,8 @@ impl FusedPlan {
         format!("{how} [{}]", self.cost)
     }
 
-    /// Bytes of scratch memory a run of this plan uses at once, taken from
-    /// (and given back to) one pool shared by every plan of the process.
+    /// Bytes of scratch memory this plan needs: one set per chunk expected
+    /// to run at once (see [`Scratch`], which segments share).
     pub fn scratch_bytes(&self) -> usize {
         self.sets * self.slots.iter().sum::<usize>() * self.chunk_rows * 4
     }
@@ -667,12 +680,14 @@ impl FusedPlan {
     /// Run the segment: `ins` are the boundary inputs in order, `outs` the
     /// boundary outputs in order. Errors carry the failing parent node.
     /// `packed[i]`, where present, is boundary input `i` packed for
-    /// [`gemm_packed`] (a weight), used by the matmuls that read it.
+    /// [`gemm_packed`] (a weight), used by the matmuls that read it. Chunks
+    /// take their intermediate buffers from `scratch`.
     pub fn run(
         &mut self,
         ins: &[In<'_>],
         packed: &[Option<&PackedB>],
         outs: Vec<Out<'_>>,
+        scratch: &Scratch,
     ) -> Result<(), (NodeId, String)> {
         let first = self.ops.first().map(|o| o.0).unwrap_or(NodeId(0));
         let mut outs: Vec<&mut [f32]> = outs
@@ -703,7 +718,7 @@ impl FusedPlan {
         let work = |(c, mut parts): (usize, Vec<&mut [f32]>)| -> Result<(), (NodeId, String)> {
             let r0 = c * cr;
             let nr = cr.min(this.rows - r0);
-            let mut bufs = take_scratch(&this.slots, cr);
+            let mut bufs = scratch.take(&this.slots, cr);
             let res = (|| {
                 for (node, op) in &this.ops {
                     run_fop(op, ins, packed, &mut bufs, r0, nr, parallel)
@@ -740,7 +755,7 @@ impl FusedPlan {
                 }
                 Ok(())
             })();
-            give_scratch(bufs);
+            scratch.give_back(bufs);
             res
         };
         if serial {

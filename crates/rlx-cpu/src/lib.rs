@@ -15,6 +15,6 @@ pub mod kernels;
 pub mod peak;
 
 pub use executor::{check_finite_from_env, CpuModel, CpuOptions, ProfileEntry, CHECK_FINITE_ENV};
-pub use fused::{FusedCompiler, FusedPlan};
+pub use fused::{FusedCompiler, FusedPlan, Scratch};
 pub use isa::{CpuFeatures, Isa};
 pub use peak::{measure_fma_peak, measure_gemm_peak, measure_peaks};

@@ -2,12 +2,12 @@
 //! embeddings out.
 
 use crate::bert::{build_graph, BertConfig, BertOutputs};
+use crate::lru::ByteLru;
 use crate::tokenizer::{Batch, BertTokenizer, TokenizerError};
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_formats::{FormatError, SafeTensorsFile};
 use rlx_ir::{DType, Tensor, TensorData};
 use rlx_runtime::{Executable, RuntimeError, TensorRef};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// Errors loading or running a model.
@@ -72,6 +72,11 @@ pub enum ModelError {
 pub type Embeddings = Vec<Vec<f32>>;
 
 /// How the embedder runs.
+///
+/// Memory: the weights and their packed copies are held once; each batch
+/// shape compiled on the CPU adds its own arena and plan (a few MB for
+/// short batches, tens of MB for 32 x 256 tokens), kept in a
+/// least-recently-used cache of at most [`EmbedOptions::cache_bytes`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EmbedOptions {
     /// Hybrid plan (compiled segments + thunks) instead of thunks only.
@@ -87,7 +92,26 @@ pub struct EmbedOptions {
     /// CPU: matmuls in bf16 with f32 accumulation (see `CpuOptions::bf16`:
     /// half the weight bytes, not faster than f32 on the CPUs measured).
     pub bf16: bool,
+    /// CPU: the most bytes of compiled shapes (arena and plan per
+    /// (batch, sequence length) shape) kept for reuse; the least recently
+    /// used shapes beyond it are dropped (and compiled again if they come
+    /// back). The shape in use is always kept, whatever its size, so `0`
+    /// keeps exactly one. Default [`DEFAULT_CACHE_BYTES`].
+    pub cache_bytes: usize,
+    /// CPU: sequence lengths are padded with masked `[PAD]` tokens up to a
+    /// multiple of this (capped at the model's maximum length), so batches
+    /// of similar lengths share one compiled shape. The padding is masked
+    /// out of attention and pooling: embeddings match the unpadded ones
+    /// (to float rounding, ~1e-6). `1` runs every length as it is.
+    /// Default [`CPU_SEQ_BUCKET`].
+    pub seq_bucket: usize,
 }
+
+/// Default [`EmbedOptions::cache_bytes`]: 512 MiB.
+pub const DEFAULT_CACHE_BYTES: usize = 512 << 20;
+
+/// Default [`EmbedOptions::seq_bucket`] on the CPU.
+pub const CPU_SEQ_BUCKET: usize = 16;
 
 impl Default for EmbedOptions {
     fn default() -> Self {
@@ -97,15 +121,34 @@ impl Default for EmbedOptions {
             optimize: true,
             f16_weights: false,
             bf16: false,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            seq_bucket: CPU_SEQ_BUCKET,
         }
     }
+}
+
+/// What the CPU shape cache of a [`SentenceEmbedder`] holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheStats {
+    /// The cached `(batch, seq, tokens)` shapes, least recently used first.
+    pub shapes: Vec<(usize, usize, bool)>,
+    /// Arena and plan bytes of the cached shapes together.
+    pub plan_bytes: usize,
+    /// The budget ([`EmbedOptions::cache_bytes`]).
+    pub budget_bytes: usize,
+    /// Shapes compiled so far (including ones compiled again after eviction).
+    pub compiled: usize,
+    /// Shapes dropped from the cache so far.
+    pub evicted: usize,
 }
 
 /// Where a [`SentenceEmbedder`] runs.
 #[derive(Debug, Clone, Default)]
 pub enum EmbedDevice {
-    /// The CPU backend (mode and threads from [`EmbedOptions`]); one
-    /// compiled model per batch shape.
+    /// The CPU backend (mode and threads from [`EmbedOptions`]). One
+    /// compiled model per batch shape, all sharing one copy of the weights,
+    /// their packed copies and one thread pool, in a byte-bounded cache
+    /// (see [`EmbedOptions::cache_bytes`] and [`EmbedOptions::seq_bucket`]).
     #[default]
     Cpu,
     /// A CUDA GPU (feature `cuda`), with these options (mode, precision).
@@ -128,7 +171,9 @@ pub struct SentenceEmbedder {
     tokenizer: BertTokenizer,
     weights: Vec<(String, Tensor)>,
     opts: EmbedOptions,
-    models: HashMap<(usize, usize, bool), CpuModel>,
+    models: ByteLru<(usize, usize, bool), CpuModel>,
+    compiled: usize,
+    evicted: usize,
     device: EmbedDevice,
     /// The CUDA model and the (batch, seq, tokens) bucket it is planned for.
     #[cfg(feature = "cuda")]
@@ -191,7 +236,9 @@ impl SentenceEmbedder {
             tokenizer,
             weights,
             opts,
-            models: HashMap::new(),
+            models: ByteLru::new(opts.cache_bytes),
+            compiled: 0,
+            evicted: 0,
             device,
             #[cfg(feature = "cuda")]
             gpu: None,
@@ -252,7 +299,11 @@ impl SentenceEmbedder {
         self.cfg.hidden_size
     }
 
-    /// The compiled model for a batch shape, compiling it on first use.
+    /// The compiled model for exactly this batch shape, compiling it on
+    /// first use (see [`EmbedOptions::cache_bytes`]). A new shape shares the
+    /// weights, their packed copies and the thread pool of the shapes
+    /// already compiled ([`CpuModel::compile_sharing`]); compiling it may
+    /// drop the least recently used shapes.
     pub fn model_for(
         &mut self,
         batch: usize,
@@ -260,24 +311,43 @@ impl SentenceEmbedder {
         tokens: bool,
     ) -> Result<&mut CpuModel, ModelError> {
         let key = (batch, seq, tokens);
-        if !self.models.contains_key(&key) {
+        if !self.models.contains(&key) {
             let g = self.graph_for(batch, seq, tokens)?;
-            let mut m = CpuModel::compile(
-                g,
-                &CpuOptions {
-                    hybrid: self.opts.hybrid,
-                    threads: self.opts.threads,
-                    f16_weights: self.opts.f16_weights,
-                    bf16: self.opts.bf16,
-                    ..Default::default()
-                },
-            )?;
-            for (name, t) in &self.weights {
-                m.set_param_tensor(name, t.clone())?;
-            }
-            self.models.insert(key, m);
+            let m = match self.models.most_recent_mut() {
+                Some(donor) => donor.compile_sharing(g)?,
+                None => {
+                    let mut m = CpuModel::compile(
+                        g,
+                        &CpuOptions {
+                            hybrid: self.opts.hybrid,
+                            threads: self.opts.threads,
+                            f16_weights: self.opts.f16_weights,
+                            bf16: self.opts.bf16,
+                            ..Default::default()
+                        },
+                    )?;
+                    for (name, t) in &self.weights {
+                        m.set_param_tensor(name, t.clone())?;
+                    }
+                    m
+                }
+            };
+            let bytes = m.plan_bytes();
+            self.evicted += self.models.insert(key, m, bytes).len();
+            self.compiled += 1;
         }
         Ok(self.models.get_mut(&key).expect("inserted above"))
+    }
+
+    /// What the CPU shape cache holds.
+    pub fn cache_stats(&self) -> CacheStats {
+        CacheStats {
+            shapes: self.models.keys(),
+            plan_bytes: self.models.total_bytes(),
+            budget_bytes: self.models.budget(),
+            compiled: self.compiled,
+            evicted: self.evicted,
+        }
     }
 
     /// Embed `texts` as one padded batch: one L2-normalized vector per text.
@@ -306,11 +376,16 @@ impl SentenceEmbedder {
         #[cfg(feature = "cuda")]
         if let EmbedDevice::Cuda(opts) = &self.device {
             let opts = opts.clone();
-            let padded = pad_batch(&batch, CUDA_SEQ_BUCKET, self.cfg.max_position_embeddings);
+            let padded = pad_batch(batch, CUDA_SEQ_BUCKET, self.cfg.max_position_embeddings);
             let outs = self.run_cuda(&padded, tokens, &opts)?;
             check_outputs_finite(&outs)?;
             return Ok(split_outputs(&outs, &padded, self.cfg.hidden_size, tokens));
         }
+        let batch = pad_batch(
+            batch,
+            self.opts.seq_bucket,
+            self.cfg.max_position_embeddings,
+        );
         let model = self.model_for(batch.batch, batch.seq, tokens)?;
         let outs = model.run(&[
             ("input_ids", TensorRef::I64(&batch.ids)),
@@ -359,14 +434,13 @@ impl SentenceEmbedder {
 
 /// `batch` with every row padded by masked `[PAD]` (id 0) tokens to a
 /// multiple of `bucket` (at most `max_len`, and never shorter than it was).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn pad_batch(batch: &Batch, bucket: usize, max_len: usize) -> Batch {
+fn pad_batch(batch: Batch, bucket: usize, max_len: usize) -> Batch {
     let s = batch.seq;
     let padded = (s.div_ceil(bucket.max(1)) * bucket.max(1))
         .min(max_len)
         .max(s);
     if padded == s {
-        return batch.clone();
+        return batch;
     }
     let mut out = Batch {
         ids: Vec::with_capacity(batch.batch * padded),
@@ -455,7 +529,7 @@ mod tests {
             seq: 3,
             lengths: vec![3, 2],
         };
-        let p = pad_batch(&b, 4, 512);
+        let p = pad_batch(b.clone(), 4, 512);
         assert_eq!((p.batch, p.seq), (2, 4));
         assert_eq!(p.ids, vec![101, 7, 102, 0, 101, 102, 0, 0]);
         assert_eq!(
@@ -464,7 +538,7 @@ mod tests {
         );
         assert_eq!(p.lengths, vec![3, 2]);
         // Never past the model's length, never shorter than the batch.
-        assert_eq!(pad_batch(&b, 4, 3).seq, 3);
-        assert_eq!(pad_batch(&b, 1, 512).seq, 3);
+        assert_eq!(pad_batch(b.clone(), 4, 3).seq, 3);
+        assert_eq!(pad_batch(b, 1, 512).seq, 3);
     }
 }

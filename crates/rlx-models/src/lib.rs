@@ -13,10 +13,14 @@ pub mod bert;
 pub mod embedder;
 pub mod gguf_tokenizer;
 pub mod llama;
+mod lru;
 pub mod recurrent;
 pub mod sampling;
 pub mod tokenizer;
 pub mod validate;
 
-pub use embedder::{EmbedDevice, EmbedOptions, ModelError, SentenceEmbedder, CUDA_SEQ_BUCKET};
+pub use embedder::{
+    CacheStats, EmbedDevice, EmbedOptions, ModelError, SentenceEmbedder, CPU_SEQ_BUCKET,
+    CUDA_SEQ_BUCKET, DEFAULT_CACHE_BYTES,
+};
 pub use validate::ConfigError;
