@@ -756,10 +756,7 @@ impl CpuModel {
         }
         let packable = packable_params(&main);
         // Inside the pool: segment layouts depend on its thread count.
-        let core = match &pool {
-            Some(p) => p.install(|| Core::new(main, opts))?,
-            None => Core::new(main, opts)?,
-        };
+        let core = on_pool(pool.as_deref(), || Core::new(main, opts))?;
         Ok(CpuModel {
             core,
             prep,
@@ -971,10 +968,7 @@ impl CpuModel {
                 })
                 .collect()
         };
-        match &self.pool {
-            Some(pool) => pool.install(layouts),
-            None => layouts(),
-        }
+        on_pool(self.pool.as_deref(), layouts)
     }
 
     /// The graph actually executed (param-only nodes replaced by `%static.N` params).
