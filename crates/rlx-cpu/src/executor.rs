@@ -4,6 +4,7 @@
 use crate::arena::{region, region_mut, split_io, Region};
 use crate::fused::{FusedCompiler, FusedPlan, Scratch};
 use crate::kernels::packed_gemm::PackedB;
+use crate::kernels::quant_panels::{panels_wanted, QuantPanels};
 use crate::kernels::{self, In};
 use rlx_ir::{Graph, Node, NodeId, Op, Tensor, TensorData};
 use rlx_runtime::bind::{check_buffer, split_static, tensor_from_bytes, StaticSplit};
@@ -13,8 +14,15 @@ use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef, Thunk, Thunk
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-/// Weights packed for [`kernels::packed_gemm`], by the Param node they came from.
-type PackedParams = HashMap<NodeId, Arc<PackedB>>;
+/// Packed copies of weight params, by the Param node they came from.
+#[derive(Default)]
+struct PackedParams {
+    /// f32 matmul right-hand sides, for [`kernels::packed_gemm`].
+    gemm: HashMap<NodeId, Arc<PackedB>>,
+    /// Quantized weights of `DequantMatMul`s in 16-row panels
+    /// ([`kernels::quant_panels`]), on CPUs with AVX512-VNNI.
+    panels: HashMap<NodeId, Arc<QuantPanels>>,
+}
 
 /// How to compile a graph for the CPU.
 #[derive(Debug, Clone, Default)]
@@ -286,7 +294,7 @@ impl Core {
                     let packs: Vec<Option<&PackedB>> = segment
                         .boundary_inputs
                         .iter()
-                        .map(|id| packed.get(id).map(|p| &**p))
+                        .map(|id| packed.gemm.get(id).map(|p| &**p))
                         .collect();
                     let t0 = std::time::Instant::now();
                     lowered
@@ -490,10 +498,15 @@ fn run_thunk(
     let ins = resolve(graph, &srcs, ins, params)?;
     let shapes: Vec<&rlx_ir::Shape> = node.inputs.iter().map(|&i| &graph.node(i).shape).collect();
     let out = outs.pop().expect("one output region");
-    let rhs = node.inputs.get(1).and_then(|id| packed.get(id));
+    let rhs = node.inputs.get(1);
     let result = match (&node.op, rhs) {
-        (Op::MatMul | Op::FusedMatMulBiasAct { .. }, Some(pb)) => {
+        (Op::MatMul | Op::FusedMatMulBiasAct { .. }, Some(id)) if packed.gemm.contains_key(id) => {
+            let pb = &packed.gemm[id];
             kernels::run_matmul_packed(&node.op, &ins, &shapes, pb, out, &node.shape)
+        }
+        (Op::DequantMatMul { .. }, Some(id)) if packed.panels.contains_key(id) => {
+            let panels = &packed.panels[id];
+            kernels::run_dequant_panels(&node.op, &ins, &shapes, panels, out, &node.shape)
         }
         _ => kernels::run_op(&node.op, &ins, &shapes, out, &node.shape),
     };
@@ -604,6 +617,25 @@ fn packable_params(graph: &Graph) -> Vec<(NodeId, String)> {
     out
 }
 
+/// Params that a `DequantMatMul` reads as its weights, when this CPU runs
+/// that scheme on panels ([`panels_wanted`]): with the scheme and K.
+fn panelable_params(graph: &Graph) -> Vec<(NodeId, String, rlx_ir::QuantScheme, usize)> {
+    let mut out: Vec<(NodeId, String, rlx_ir::QuantScheme, usize)> = Vec::new();
+    for n in graph.nodes() {
+        let Op::DequantMatMul { scheme, .. } = n.op else {
+            continue;
+        };
+        let w = graph.node(n.inputs[1]);
+        let k = graph.node(n.inputs[0]).shape.last_dim();
+        if let Op::Param { name } = &w.op {
+            if panels_wanted(scheme) && !out.iter().any(|(id, ..)| *id == w.id) {
+                out.push((w.id, name.clone(), scheme, k));
+            }
+        }
+    }
+    out
+}
+
 /// The param-derived part of a graph, run as thunks when params change.
 struct Prep {
     core: Core,
@@ -684,6 +716,9 @@ pub struct CpuModel {
     dirty: bool,
     /// Params used as a matmul's 2-D right-hand side: packed once per value.
     packable: Vec<(NodeId, String)>,
+    /// Params that `DequantMatMul`s read as weights and that run on panels
+    /// here ([`panels_wanted`]), with the scheme and K.
+    panelable: Vec<(NodeId, String, rlx_ir::QuantScheme, usize)>,
     packed: PackedParams,
     /// Params set since their packed copies were made.
     stale: HashSet<String>,
@@ -755,6 +790,7 @@ impl CpuModel {
             }
         }
         let packable = packable_params(&main);
+        let panelable = panelable_params(&main);
         // Inside the pool: segment layouts depend on its thread count.
         let core = on_pool(pool.as_deref(), || Core::new(main, opts))?;
         Ok(CpuModel {
@@ -765,7 +801,8 @@ impl CpuModel {
             inputs,
             dirty: true,
             packable,
-            packed: HashMap::new(),
+            panelable,
+            packed: PackedParams::default(),
             stale: HashSet::new(),
             pool,
             check_finite: opts.check_finite || check_finite_from_env(),
@@ -861,9 +898,22 @@ impl CpuModel {
                 .packable
                 .iter()
                 .find(|(_, n)| n == src)
-                .and_then(|(sid, _)| self.packed.get(sid));
+                .and_then(|(sid, _)| self.packed.gemm.get(sid));
             if let Some(p) = packed {
-                next.packed.insert(*id, p.clone());
+                next.packed.gemm.insert(*id, p.clone());
+            }
+        }
+        for (id, name, scheme, k) in &next.panelable {
+            let Some(src) = same.get(name).filter(|src| !self.stale.contains(*src)) else {
+                continue;
+            };
+            let panels = self
+                .panelable
+                .iter()
+                .find(|(_, n, s, kk)| n == src && s == scheme && kk == k)
+                .and_then(|(sid, ..)| self.packed.panels.get(sid));
+            if let Some(p) = panels {
+                next.packed.panels.insert(*id, p.clone());
             }
         }
         Ok(next)
@@ -890,8 +940,12 @@ impl CpuModel {
     /// with [`CpuModel::compile_sharing`] hold the same `Arc`s (compare
     /// them with `Arc::ptr_eq`).
     pub fn packed_weights(&self) -> Vec<Arc<PackedB>> {
-        let mut v: Vec<(NodeId, Arc<PackedB>)> =
-            self.packed.iter().map(|(k, p)| (*k, p.clone())).collect();
+        let mut v: Vec<(NodeId, Arc<PackedB>)> = self
+            .packed
+            .gemm
+            .iter()
+            .map(|(k, p)| (*k, p.clone()))
+            .collect();
         v.sort_by_key(|(k, _)| *k);
         v.into_iter().map(|(_, p)| p).collect()
     }
@@ -915,13 +969,19 @@ impl CpuModel {
 
     /// Bytes held by packed copies of matmul weights.
     pub fn packed_bytes(&self) -> usize {
-        self.packed.values().map(|p| p.bytes()).sum()
+        let gemm: usize = self.packed.gemm.values().map(|p| p.bytes()).sum();
+        gemm + self
+            .packed
+            .panels
+            .values()
+            .map(|p| p.bytes())
+            .sum::<usize>()
     }
 
     /// Re-pack every packable param set since the last run.
     fn repack(&mut self) -> Result<(), RuntimeError> {
         for (id, name) in &self.packable {
-            if !self.stale.contains(name) && self.packed.contains_key(id) {
+            if !self.stale.contains(name) && self.packed.gemm.contains_key(id) {
                 continue;
             }
             let Some(t) = self.params.get(name) else {
@@ -943,7 +1003,26 @@ impl CpuModel {
             } else {
                 packed
             };
-            self.packed.insert(*id, Arc::new(packed));
+            self.packed.gemm.insert(*id, Arc::new(packed));
+        }
+        for (id, name, scheme, k) in &self.panelable {
+            if !self.stale.contains(name) && self.packed.panels.contains_key(id) {
+                continue;
+            }
+            let Some(t) = self.params.get(name) else {
+                continue;
+            };
+            let TensorData::U8(data) = &*t.data else {
+                continue;
+            };
+            let n = t.shape.dims.first().copied().unwrap_or(0);
+            let panels =
+                QuantPanels::pack(*scheme, data, n, *k).map_err(|e| RuntimeError::Kernel {
+                    node: *id,
+                    op: "PackQuantPanels".into(),
+                    message: format!("param '{name}' {}: {e}", t.shape),
+                })?;
+            self.packed.panels.insert(*id, Arc::new(panels));
         }
         self.stale.clear();
         Ok(())
@@ -1053,7 +1132,7 @@ impl CpuModel {
                 let outs = prep.core.execute(
                     &HashMap::new(),
                     &mut self.params,
-                    &HashMap::new(),
+                    &PackedParams::default(),
                     false,
                     self.check_finite,
                     &self.scratch,
@@ -1107,9 +1186,10 @@ impl Executable for CpuModel {
 
     fn take_param(&mut self, name: &str) -> Option<Tensor> {
         self.param_changed(name);
-        self.packed.retain(
-            |id, _| !matches!(&self.core.graph.node(*id).op, Op::Param { name: n } if n == name),
-        );
+        let graph = &self.core.graph;
+        let named = |id: &NodeId| matches!(&graph.node(*id).op, Op::Param { name: n } if n == name);
+        self.packed.gemm.retain(|id, _| !named(id));
+        self.packed.panels.retain(|id, _| !named(id));
         self.params.remove(name)
     }
 

@@ -15,6 +15,7 @@ pub mod movement;
 pub mod norm;
 pub mod packed_gemm;
 pub mod quant;
+pub mod quant_panels;
 pub mod quant_q8;
 pub mod recurrent;
 pub mod reduce;
@@ -420,6 +421,42 @@ pub fn run_matmul_packed(
     let o = f32_out(name, &mut out)?;
     let m = a_dims[..a_dims.len().saturating_sub(1)].iter().product();
     packed_gemm::gemm_packed(m, a, k, packed, o, packed.n(), bias, act, true)
+}
+
+/// A `DequantMatMul` over weights repacked into panels (the param read as
+/// input 1 is not looked at). Checks as [`run_op`] does, and that the
+/// panels are `[N, K]` of this node's shapes.
+pub fn run_dequant_panels(
+    op: &Op,
+    inputs: &[In<'_>],
+    in_shapes: &[&Shape],
+    panels: &quant_panels::QuantPanels,
+    mut out: Out<'_>,
+    out_shape: &Shape,
+) -> Result<(), KernelError> {
+    let name = op.name();
+    let Op::DequantMatMul { activations, .. } = op else {
+        return Err(bad_shape(name, "panels serve DequantMatMul only"));
+    };
+    check_inputs(op, inputs, in_shapes)?;
+    check_output(op, &out, out_shape)?;
+    let k = in_shapes[0].last_dim();
+    let n = in_shapes[1].dims.first().copied().unwrap_or(0);
+    if (n, k) != (panels.n(), panels.k()) {
+        return Err(bad_shape(
+            name,
+            format!(
+                "{} x W[{n}] with K = {k} against panels [{}, {}]",
+                in_shapes[0],
+                panels.n(),
+                panels.k()
+            ),
+        ));
+    }
+    let x = f32_in(name, &inputs[0], 0)?;
+    let m = x.len().checked_div(k).unwrap_or(0);
+    let o = f32_out(name, &mut out)?;
+    panels.matmul(*activations, x, m, o, true)
 }
 
 /// Run one op. `inputs[i]` has shape `in_shapes[i]`; `out` has `out_shape`.

@@ -1,0 +1,933 @@
+//! Q4_0/Q4_1/Q8_0 weights repacked into 16-row panels: the `DequantMatMul`
+//! kernels (`Int8` and `F32` activations) on CPUs with AVX-512 and VNNI.
+//!
+//! The GGUF layout stores one weight row's blocks one after another, so a
+//! kernel over it forms one 32-element dot product per instruction group
+//! and reduces it across lanes ([`super::quant_q8`]). Here 16 output rows
+//! are interleaved instead: for each block of 32 elements a panel holds
+//!
+//! - the integers as 64-byte vectors of 16 rows x 4 bytes: for the 4-bit
+//!   formats 4 vectors, where row `r`'s bytes in vector `j` are its block
+//!   bytes `4j..4j + 4` (low nibbles: elements `4j..4j + 4`, high nibbles:
+//!   elements `16 + 4j..`), for Q8_0 8 vectors of 4 elements each;
+//! - the 16 scales as f16 (one `vcvtph2ps` makes them 16 f32 lanes);
+//! - Q4_1: the 16 mins as f16; Q8_0: `Σ w` per row, as i16.
+//!
+//! One `vpdpbusd` then multiplies 4 elements of 16 rows with 4 broadcast
+//! activation bytes and accumulates into 16 lanes, one per output column:
+//! no reduction across lanes, and each unpacked weight vector serves up to
+//! eight activation rows. `vpdpbusd` multiplies unsigned by signed bytes:
+//! the 4-bit formats pass their unsigned nibbles (Q4_0's `- 8` becomes
+//! `- 8 Σ q_x` per block), Q8_0 passes the activations plus 128 (and
+//! subtracts `128 Σ w`). Every integer sum is exact; per block,
+//! `y += (d_w d_x) · isum` (+ `m_w s_x` for Q4_1) in f32, in that order, in
+//! both the vector kernel and the scalar definition here, which the tests
+//! compare bit for bit.
+//!
+//! `F32` activations (the exact default) use the same panels: each
+//! 4-element group is widened to 16 f32 lanes (shift and mask, or
+//! sign-extend, then convert) once per tile and multiplied with up to eight
+//! broadcast activations by FMA; per block `y += d_w (Σ q_w x - 8 Σ x)`
+//! (Q4_0) or `d_w Σ q_w x + m_w Σ x` (Q4_1). This is the dequantized
+//! product up to f32 rounding, never rounding the activations.
+//!
+//! A panel block takes whole cache lines: 5 (Q4_0, Q4_1) or 9 (Q8_0) for
+//! 16 x 32 weights, 0.625 or 1.125 bytes per weight (GGUF: 0.5625 Q4_0,
+//! 0.625 Q4_1, 1.0625 Q8_0). Decode streams every weight once per token,
+//! so these bytes are what bounds it on few cores. The panels are a second
+//! copy of the weights (the GGUF bytes stay for the other consumers); [`crate::CpuModel`] makes them only for `Int8` matmuls on CPUs
+//! with AVX512-VNNI (see [`panels_wanted`]).
+
+use super::quant_q8::{quantize_rows, QK};
+use super::{bad_shape, num_threads, KernelError};
+use crate::isa::{CpuFeatures, Isa};
+use rayon::prelude::*;
+use rlx_ir::{ActivationPrecision, QuantScheme};
+
+const OP: &str = "DequantMatMul";
+
+/// Output rows (weight rows) per panel: one AVX-512 register of i32 or f32.
+pub const PANEL: usize = 16;
+
+/// One cache line; panels are stored as whole lines, 64-byte aligned.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// Weight formats with a panel layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Q4_0,
+    Q4_1,
+    Q8_0,
+}
+
+impl Kind {
+    fn of(scheme: QuantScheme) -> Option<Kind> {
+        match scheme {
+            QuantScheme::Q4_0 => Some(Kind::Q4_0),
+            QuantScheme::Q4_1 => Some(Kind::Q4_1),
+            QuantScheme::Q8_0 => Some(Kind::Q8_0),
+            _ => None,
+        }
+    }
+
+    /// Bytes of one GGUF block, and where its integers start.
+    fn gguf_block(self) -> (usize, usize) {
+        match self {
+            Kind::Q4_0 => (18, 2),
+            Kind::Q4_1 => (20, 4),
+            Kind::Q8_0 => (34, 2),
+        }
+    }
+
+    /// Bytes of the integers of one panel block (16 rows).
+    fn qs_bytes(self) -> usize {
+        match self {
+            Kind::Q4_0 | Kind::Q4_1 => 256,
+            Kind::Q8_0 => 512,
+        }
+    }
+
+    /// Lines of one panel block: the integers, then one line with the
+    /// 16 f16 scales and the 16 f16 mins (Q4_1) or i16 `Σ w` (Q8_0).
+    fn lines(self) -> usize {
+        self.qs_bytes() / 64 + 1
+    }
+}
+
+const Q4_0: u8 = 0;
+const Q4_1: u8 = 1;
+const Q8_0: u8 = 2;
+
+/// Which kernel runs over the panels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PanelPath {
+    /// Plain Rust: the definition (slow; tests, and `RLX_CPU_QUANT_PANELS=1`
+    /// on CPUs without VNNI).
+    Scalar,
+    /// AVX-512 F/BW + VNNI on 512-bit registers.
+    Vnni512,
+}
+
+impl PanelPath {
+    /// The fastest path this CPU runs under the active [`Isa`].
+    pub fn active() -> PanelPath {
+        if Isa::active() == Isa::Avx512 && CpuFeatures::get().avx512vnni {
+            PanelPath::Vnni512
+        } else {
+            PanelPath::Scalar
+        }
+    }
+
+    /// Every path this CPU runs (tests compare them).
+    pub fn available() -> Vec<PanelPath> {
+        let mut v = vec![PanelPath::Scalar];
+        if Isa::Avx512.supported() && CpuFeatures::get().avx512vnni {
+            v.push(PanelPath::Vnni512);
+        }
+        v
+    }
+}
+
+/// Whether `DequantMatMul`s over `scheme` weights should run on panels
+/// here: the scheme has a panel layout and either the CPU runs the
+/// VNNI kernel under the active ISA, or `RLX_CPU_QUANT_PANELS=1` forces
+/// panels (`0` turns them off, for A/B runs).
+pub fn panels_wanted(scheme: QuantScheme) -> bool {
+    if Kind::of(scheme).is_none() {
+        return false;
+    }
+    match std::env::var("RLX_CPU_QUANT_PANELS")
+        .as_deref()
+        .map(str::trim)
+    {
+        Ok("0") | Ok("off") => false,
+        Ok("1") | Ok("on") => true,
+        _ => PanelPath::active() == PanelPath::Vnni512,
+    }
+}
+
+/// A quantized `[n, k]` weight matrix (the right-hand side `W^T` of
+/// `DequantMatMul`) in 16-row panels; see the module docs.
+pub struct QuantPanels {
+    kind: Kind,
+    n: usize,
+    k: usize,
+    /// Blocks of 32 per row.
+    nb: usize,
+    lines: Vec<Line>,
+}
+
+impl std::fmt::Debug for QuantPanels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuantPanels")
+            .field("kind", &self.kind)
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .finish()
+    }
+}
+
+fn f16_at(b: &[u8]) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+}
+
+impl QuantPanels {
+    /// Repack `w`, `n` rows of `k` elements in `scheme`'s GGUF layout.
+    pub fn pack(scheme: QuantScheme, w: &[u8], n: usize, k: usize) -> Result<Self, KernelError> {
+        let kind = Kind::of(scheme).ok_or_else(|| KernelError::Unsupported {
+            op: OP,
+            what: format!("{} weights in panels", scheme.name()),
+        })?;
+        if n == 0 || k == 0 || !k.is_multiple_of(QK) {
+            return Err(bad_shape(
+                OP,
+                format!("panels need n > 0 and K a positive multiple of {QK}, got [{n}, {k}]"),
+            ));
+        }
+        let (bb, qoff) = kind.gguf_block();
+        let nb = k / QK;
+        let rb = nb * bb;
+        if n.checked_mul(rb) != Some(w.len()) {
+            return Err(bad_shape(
+                OP,
+                format!(
+                    "packed {} W has {} bytes, expected {n} rows x {rb}",
+                    scheme.name(),
+                    w.len()
+                ),
+            ));
+        }
+        let np = n.div_ceil(PANEL);
+        let per_block = kind.lines();
+        let total = np
+            .checked_mul(nb)
+            .and_then(|v| v.checked_mul(per_block))
+            .ok_or_else(|| bad_shape(OP, "panel size overflows"))?;
+        let mut lines = vec![Line([0; 64]); total];
+        let qb = kind.qs_bytes();
+        for p in 0..np {
+            for b in 0..nb {
+                let rec = &mut lines[(p * nb + b) * per_block..][..per_block];
+                // SAFETY: `Line` is 64 plain bytes, so `per_block` lines are
+                // `per_block * 64` initialized bytes with no padding.
+                let bytes: &mut [u8] = unsafe {
+                    std::slice::from_raw_parts_mut(rec.as_mut_ptr().cast::<u8>(), per_block * 64)
+                };
+                for r in 0..PANEL.min(n - p * PANEL) {
+                    let row = p * PANEL + r;
+                    let blk = &w[row * rb + b * bb..][..bb];
+                    let q = &blk[qoff..];
+                    for j in 0..qb / 64 {
+                        bytes[j * 64 + r * 4..][..4].copy_from_slice(&q[4 * j..4 * j + 4]);
+                    }
+                    bytes[qb + 2 * r..][..2].copy_from_slice(&blk[..2]);
+                    let extra = match kind {
+                        Kind::Q4_0 => continue,
+                        Kind::Q4_1 => [blk[2], blk[3]],
+                        Kind::Q8_0 => {
+                            // |Σ w| <= 32 * 128 fits an i16.
+                            let s: i32 = q[..QK].iter().map(|&v| i32::from(v as i8)).sum();
+                            (s as i16).to_le_bytes()
+                        }
+                    };
+                    bytes[qb + 32 + 2 * r..][..2].copy_from_slice(&extra);
+                }
+            }
+        }
+        Ok(QuantPanels {
+            kind,
+            n,
+            k,
+            nb,
+            lines,
+        })
+    }
+
+    /// Output columns (weight rows).
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Elements per weight row.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.lines.len() * 64
+    }
+
+    /// `out [m, n] = x̂ [m, k] x W^T` with the fastest path here. `Int8`:
+    /// `x̂` is `x` rounded to Q8 blocks (the numbers of [`super::quant_q8`]
+    /// up to the order of the f32 additions). `F32`: `x̂ = x`, and per block
+    /// `y += d_w Σ q_w x` (`- 8 Σ x` inside for Q4_0) `+ m_w Σ x` (Q4_1),
+    /// the products formed in f32 (the dequantized product up to f32
+    /// rounding).
+    pub fn matmul(
+        &self,
+        activations: ActivationPrecision,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+        parallel: bool,
+    ) -> Result<(), KernelError> {
+        self.matmul_path(activations, x, m, out, parallel, PanelPath::active())
+    }
+
+    /// [`QuantPanels::matmul`] with a chosen kernel.
+    pub fn matmul_path(
+        &self,
+        activations: ActivationPrecision,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+        parallel: bool,
+        path: PanelPath,
+    ) -> Result<(), KernelError> {
+        let path = match path {
+            PanelPath::Vnni512 if !PanelPath::available().contains(&path) => PanelPath::Scalar,
+            p => p,
+        };
+        if m.checked_mul(self.k) != Some(x.len()) || m.checked_mul(self.n) != Some(out.len()) {
+            return Err(bad_shape(
+                OP,
+                format!(
+                    "x has {} floats and out {} for m = {m} rows against panels [{}, {}]",
+                    x.len(),
+                    out.len(),
+                    self.n,
+                    self.k
+                ),
+            ));
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        let acts = match activations {
+            ActivationPrecision::Int8 => Acts::Int8(Int8Acts::new(x, m, self.k, self.kind)),
+            ActivationPrecision::F32 => Acts::F32 {
+                m,
+                x,
+                sums: x.chunks_exact(QK).map(|b| b.iter().sum()).collect(),
+            },
+        };
+        let np = self.n.div_ceil(PANEL);
+        let threads = if parallel { num_threads() } else { 1 };
+        // At least ~64K multiply-adds per task: a smaller one costs more in
+        // wake-ups than it saves.
+        let min_panels = (65536 / (PANEL * self.k * m)).max(1);
+        let per = np.div_ceil(threads).max(min_panels);
+        let dst = OutPtr(out.as_mut_ptr());
+        let run = |p0: usize| {
+            let p1 = (p0 + per).min(np);
+            // SAFETY: tasks cover disjoint panel ranges, so each writes
+            // disjoint output columns `p * 16..` of every row; `out` holds
+            // `m * n` floats (checked above) and outlives the tasks.
+            unsafe { self.panels(&acts, p0, p1, dst, path) };
+        };
+        if threads == 1 || per >= np {
+            run(0);
+        } else {
+            (0..np)
+                .step_by(per)
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .for_each(run);
+        }
+        Ok(())
+    }
+
+    /// Panels `p0..p1` against every activation row, into `out`.
+    ///
+    /// # Safety
+    /// `out` points at `acts.m * self.n` floats that no one else writes in
+    /// columns `p0 * 16..p1 * 16` while this runs.
+    unsafe fn panels(&self, acts: &Acts, p0: usize, p1: usize, out: OutPtr, path: PanelPath) {
+        for p in p0..p1 {
+            match path {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Vnni512` is used only when the CPU has it (see
+                // `matmul_path`); the kernel's reads are within this
+                // panel's lines and `acts`, its writes as above.
+                PanelPath::Vnni512 => unsafe { vnni::panel(self, acts, p, out.0) },
+                _ => match acts {
+                    Acts::Int8(a) => self.panel_scalar(a, p, out.0),
+                    Acts::F32 { m, x, sums } => self.panel_scalar_f32(*m, x, sums, p, out.0),
+                },
+            }
+        }
+    }
+
+    fn record(&self, p: usize, b: usize) -> &[u8] {
+        let per = self.kind.lines();
+        let rec = &self.lines[(p * self.nb + b) * per..][..per];
+        // SAFETY: `Line` is 64 plain bytes (see `pack`).
+        unsafe { std::slice::from_raw_parts(rec.as_ptr().cast::<u8>(), per * 64) }
+    }
+
+    /// The `F32` definition the vector kernel matches bit for bit: per
+    /// block, the products of each 4-element group (low nibbles then high
+    /// nibbles per element) fused into one block sum in lane order.
+    fn panel_scalar_f32(&self, m: usize, x: &[f32], sums: &[f32], p: usize, out: *mut f32) {
+        let qb = self.kind.qs_bytes();
+        let half = |bytes: &[u8], i: usize| f16_at(&bytes[i..]);
+        for c in 0..m {
+            let mut acc = [0.0f32; PANEL];
+            for b in 0..self.nb {
+                let rec = self.record(p, b);
+                let xb = &x[(c * self.nb + b) * QK..][..QK];
+                let sx = sums[c * self.nb + b];
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let mut bs = 0.0f32;
+                    for j in 0..qb / 64 {
+                        for t in 0..4 {
+                            let byte = rec[j * 64 + r * 4 + t];
+                            if self.kind == Kind::Q8_0 {
+                                bs = f32::from(byte as i8).mul_add(xb[4 * j + t], bs);
+                            } else {
+                                bs = f32::from(byte & 15).mul_add(xb[4 * j + t], bs);
+                                bs = f32::from(byte >> 4).mul_add(xb[16 + 4 * j + t], bs);
+                            }
+                        }
+                    }
+                    if self.kind == Kind::Q4_0 {
+                        bs -= 8.0 * sx;
+                    }
+                    *a = half(rec, qb + 2 * r).mul_add(bs, *a);
+                    if self.kind == Kind::Q4_1 {
+                        *a = half(rec, qb + 32 + 2 * r).mul_add(sx, *a);
+                    }
+                }
+            }
+            for (r, &v) in acc.iter().enumerate().take(self.n - p * PANEL) {
+                // SAFETY: as in `panel_scalar`.
+                unsafe { *out.add(c * self.n + p * PANEL + r) = v };
+            }
+        }
+    }
+
+    /// The `Int8` definition the vector kernel matches bit for bit.
+    fn panel_scalar(&self, acts: &Int8Acts, p: usize, out: *mut f32) {
+        let qb = self.kind.qs_bytes();
+        let half = |bytes: &[u8], i: usize| f16_at(&bytes[i..]);
+        let int16 = |bytes: &[u8], i: usize| i16::from_le_bytes([bytes[i], bytes[i + 1]]);
+        for c in 0..acts.m {
+            let mut acc = [0.0f32; PANEL];
+            for b in 0..self.nb {
+                let rec = self.record(p, b);
+                let blk = c * self.nb + b;
+                let (dx, sx, sum) = (acts.d[blk], acts.s[blk], acts.sum[blk]);
+                let xq = &acts.q[blk * QK..][..QK];
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let mut isum = 0i32;
+                    for j in 0..qb / 64 {
+                        for t in 0..4 {
+                            let byte = rec[j * 64 + r * 4 + t];
+                            isum += match self.kind {
+                                Kind::Q8_0 => {
+                                    i32::from(xq[4 * j + t] as u8) * i32::from(byte as i8)
+                                }
+                                _ => {
+                                    i32::from(byte & 15) * i32::from(xq[4 * j + t])
+                                        + i32::from(byte >> 4) * i32::from(xq[16 + 4 * j + t])
+                                }
+                            };
+                        }
+                    }
+                    match self.kind {
+                        Kind::Q4_0 => isum -= 8 * sum,
+                        Kind::Q8_0 => isum -= 128 * i32::from(int16(rec, qb + 32 + 2 * r)),
+                        Kind::Q4_1 => {}
+                    }
+                    let d = half(rec, qb + 2 * r);
+                    *a = (d * dx).mul_add(isum as f32, *a);
+                    if self.kind == Kind::Q4_1 {
+                        *a = half(rec, qb + 32 + 2 * r).mul_add(sx, *a);
+                    }
+                }
+            }
+            for (r, &v) in acc.iter().enumerate().take(self.n - p * PANEL) {
+                // SAFETY: the caller's contract: row `c` column `p*16 + r`
+                // is inside `out` and only this task writes it.
+                unsafe { *out.add(c * self.n + p * PANEL + r) = v };
+            }
+        }
+    }
+}
+
+/// The output pointer shared by the tasks of one call (disjoint columns).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements through it (see `matmul_path`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above; no task reads what another writes.
+unsafe impl Sync for OutPtr {}
+
+/// The activations of one call.
+enum Acts<'a> {
+    /// Rounded to Q8 blocks.
+    Int8(Int8Acts),
+    /// As they are, with the sum of each block of 32.
+    F32 {
+        m: usize,
+        x: &'a [f32],
+        sums: Vec<f32>,
+    },
+}
+
+/// Activations rounded to Q8 blocks: the bytes (plus 128 as unsigned for
+/// Q8_0 weights), and per block `d`, `d Σ q` and `Σ q`.
+struct Int8Acts {
+    m: usize,
+    q: Vec<i8>,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    sum: Vec<i32>,
+}
+
+impl Int8Acts {
+    fn new(x: &[f32], m: usize, k: usize, kind: Kind) -> Int8Acts {
+        let r = quantize_rows(x, m, k, super::quant_q8::has_avx2());
+        let sum =
+            r.qs.chunks_exact(QK)
+                .map(|b| b.iter().map(|&v| i32::from(v)).sum())
+                .collect();
+        let mut q = r.qs;
+        if kind == Kind::Q8_0 {
+            // q + 128 as an unsigned byte (the bits of q with the sign flipped).
+            for v in &mut q {
+                *v = (*v as u8 ^ 0x80) as i8;
+            }
+        }
+        Int8Acts {
+            m,
+            q,
+            d: r.d,
+            s: r.s,
+            sum,
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+// Register tiles are indexed [c] by loops over their const sizes.
+#[allow(clippy::needless_range_loop)]
+mod vnni {
+    use super::{Acts, Kind, QuantPanels, PANEL, Q4_0, Q4_1, Q8_0, QK};
+    use std::arch::x86_64::*;
+
+    /// Panel `p` against every activation row of `acts`, 8, 4, 2 or 1 rows
+    /// at a time.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW and VNNI; `out` holds `acts.m * w.n` floats.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn panel(w: &QuantPanels, acts: &Acts, p: usize, out: *mut f32) {
+        let mut a = Args {
+            w: w.lines
+                .as_ptr()
+                .cast::<u8>()
+                .add(p * w.nb * w.kind.lines() * 64),
+            nb: w.nb,
+            per: w.kind.lines() * 64,
+            q: std::ptr::null(),
+            x: std::ptr::null(),
+            d: std::ptr::null(),
+            s: std::ptr::null(),
+            sum: std::ptr::null(),
+            out: out.add(p * PANEL),
+            n: w.n,
+            valid: (w.n - p * PANEL).min(PANEL),
+        };
+        let m = match acts {
+            Acts::Int8(i) => {
+                (a.q, a.d, a.s, a.sum) = (i.q.as_ptr(), i.d.as_ptr(), i.s.as_ptr(), i.sum.as_ptr());
+                i.m
+            }
+            Acts::F32 { m, x, sums } => {
+                (a.x, a.s) = (x.as_ptr(), sums.as_ptr());
+                *m
+            }
+        };
+        let f32_acts = matches!(acts, Acts::F32 { .. });
+        let mut c = 0;
+        macro_rules! tiles {
+            ($tile:ident, $code:expr) => {{
+                while c + 8 <= m {
+                    $tile::<{ $code }, 8>(&a, c);
+                    c += 8;
+                }
+                if c + 4 <= m {
+                    $tile::<{ $code }, 4>(&a, c);
+                    c += 4;
+                }
+                if c + 2 <= m {
+                    $tile::<{ $code }, 2>(&a, c);
+                    c += 2;
+                }
+                if c < m {
+                    $tile::<{ $code }, 1>(&a, c);
+                }
+            }};
+        }
+        match (w.kind, f32_acts) {
+            (Kind::Q4_0, false) => tiles!(tile, Q4_0),
+            (Kind::Q4_1, false) => tiles!(tile, Q4_1),
+            (Kind::Q8_0, false) => tiles!(tile, Q8_0),
+            (Kind::Q4_0, true) => tiles!(tile_f32, Q4_0),
+            (Kind::Q4_1, true) => tiles!(tile_f32, Q4_1),
+            (Kind::Q8_0, true) => tiles!(tile_f32, Q8_0),
+        }
+    }
+
+    /// Raw views of one panel and the activations.
+    struct Args {
+        /// The panel's first block record; records are `per` bytes apart.
+        w: *const u8,
+        nb: usize,
+        per: usize,
+        /// Int8: the rounded activations.
+        q: *const i8,
+        /// F32: the activations.
+        x: *const f32,
+        d: *const f32,
+        /// Int8: `d Σ q` per block; F32: `Σ x` per block.
+        s: *const f32,
+        sum: *const i32,
+        /// Column `p * 16` of output row 0; rows are `n` apart.
+        out: *mut f32,
+        n: usize,
+        /// Columns of this panel that exist (16 but for the last panel).
+        valid: usize,
+    }
+
+    /// How many records (about 2.5 KiB for the 4-bit formats) ahead a
+    /// block prefetches: decode streams the panels once per token from L3
+    /// or memory, and the hardware prefetcher alone keeps too few lines in
+    /// flight on one core.
+    const PF_RECORDS: usize = 8;
+
+    /// Four activation bytes (elements `e..e + 4` of row `row`) in every
+    /// 32-bit lane.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn bcast4(a: &Args, row: usize, e: usize) -> __m512i {
+        _mm512_set1_epi32(a.q.add(row * a.nb * QK + e).cast::<i32>().read_unaligned())
+    }
+
+    /// Activation rows `c0..c0 + C` against the panel.
+    ///
+    /// # Safety
+    /// As [`panel`]; rows `c0..c0 + C` exist.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile<const KIND: u8, const C: usize>(a: &Args, c0: usize) {
+        let qb = if KIND == Q8_0 { 512 } else { 256 };
+        let low = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); C];
+        for b in 0..a.nb {
+            let rec = a.w.add(b * a.per);
+            // Every line of the record PF_RECORDS ahead (into the next
+            // panel near the end of this one: panels are contiguous). A hint
+            // only: past the end of the panels is harmless.
+            let ahead = rec.wrapping_add(a.per * PF_RECORDS);
+            for l in 0..qb / 64 + 1 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
+            }
+            let mut isum = [_mm512_setzero_si512(); C];
+            if KIND == Q8_0 {
+                for j in 0..8 {
+                    let v = _mm512_load_si512(rec.add(64 * j) as *const _);
+                    for c in 0..C {
+                        let xb = bcast4(a, c0 + c, b * QK + 4 * j);
+                        isum[c] = _mm512_dpbusd_epi32(isum[c], xb, v);
+                    }
+                }
+            } else {
+                for j in 0..4 {
+                    let v = _mm512_load_si512(rec.add(64 * j) as *const _);
+                    let lo = _mm512_and_si512(v, low);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                    for c in 0..C {
+                        let xl = bcast4(a, c0 + c, b * QK + 4 * j);
+                        let xh = bcast4(a, c0 + c, b * QK + 16 + 4 * j);
+                        isum[c] = _mm512_dpbusd_epi32(isum[c], lo, xl);
+                        isum[c] = _mm512_dpbusd_epi32(isum[c], hi, xh);
+                    }
+                }
+            }
+            let dw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(qb) as *const __m256i));
+            let extra = _mm256_load_si256(rec.add(qb + 32) as *const __m256i);
+            for c in 0..C {
+                let blk = (c0 + c) * a.nb + b;
+                let mut is = isum[c];
+                if KIND == Q4_0 {
+                    is = _mm512_sub_epi32(is, _mm512_set1_epi32(8 * *a.sum.add(blk)));
+                }
+                if KIND == Q8_0 {
+                    let wsum = _mm512_slli_epi32::<7>(_mm512_cvtepi16_epi32(extra));
+                    is = _mm512_sub_epi32(is, wsum);
+                }
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*a.d.add(blk)));
+                acc[c] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(is), acc[c]);
+                if KIND == Q4_1 {
+                    let mw = _mm512_cvtph_ps(extra);
+                    acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(*a.s.add(blk)), acc[c]);
+                }
+            }
+        }
+        let mask: __mmask16 = if a.valid == PANEL {
+            0xFFFF
+        } else {
+            (1u16 << a.valid) - 1
+        };
+        for c in 0..C {
+            _mm512_mask_storeu_ps(a.out.add((c0 + c) * a.n), mask, acc[c]);
+        }
+    }
+
+    /// [`tile`] for `F32` activations: each 4-element group's weights are
+    /// widened to f32 (shift, mask or sign-extend, convert) once and
+    /// multiplied with every activation row of the tile.
+    ///
+    /// # Safety
+    /// As [`tile`].
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn tile_f32<const KIND: u8, const C: usize>(a: &Args, c0: usize) {
+        let qb = if KIND == Q8_0 { 512 } else { 256 };
+        let low = _mm512_set1_epi32(0x0F);
+        let mut acc = [_mm512_setzero_ps(); C];
+        for b in 0..a.nb {
+            let rec = a.w.add(b * a.per);
+            // As in `tile`.
+            let ahead = rec.wrapping_add(a.per * PF_RECORDS);
+            for l in 0..qb / 64 + 1 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
+            }
+            let xat = |c: usize, e: usize| _mm512_set1_ps(*a.x.add(((c0 + c) * a.nb + b) * QK + e));
+            let mut bs = [_mm512_setzero_ps(); C];
+            if KIND == Q8_0 {
+                for j in 0..8 {
+                    let v = _mm512_load_si512(rec.add(64 * j) as *const _);
+                    for t in 0..4u32 {
+                        let up = _mm512_sllv_epi32(v, _mm512_set1_epi32(24 - 8 * t as i32));
+                        let wv = _mm512_cvtepi32_ps(_mm512_srai_epi32::<24>(up));
+                        for c in 0..C {
+                            bs[c] = _mm512_fmadd_ps(wv, xat(c, 4 * j + t as usize), bs[c]);
+                        }
+                    }
+                }
+            } else {
+                for j in 0..4 {
+                    let v = _mm512_load_si512(rec.add(64 * j) as *const _);
+                    for t in 0..4u32 {
+                        let sh = _mm512_srlv_epi32(v, _mm512_set1_epi32(8 * t as i32));
+                        let lo = _mm512_cvtepi32_ps(_mm512_and_si512(sh, low));
+                        let hi =
+                            _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32::<4>(sh), low));
+                        for c in 0..C {
+                            bs[c] = _mm512_fmadd_ps(lo, xat(c, 4 * j + t as usize), bs[c]);
+                            bs[c] = _mm512_fmadd_ps(hi, xat(c, 16 + 4 * j + t as usize), bs[c]);
+                        }
+                    }
+                }
+            }
+            let dw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(qb) as *const __m256i));
+            for c in 0..C {
+                let sx = *a.s.add((c0 + c) * a.nb + b);
+                let mut v = bs[c];
+                if KIND == Q4_0 {
+                    v = _mm512_sub_ps(v, _mm512_set1_ps(8.0 * sx));
+                }
+                acc[c] = _mm512_fmadd_ps(dw, v, acc[c]);
+                if KIND == Q4_1 {
+                    let mw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(qb + 32) as *const __m256i));
+                    acc[c] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), acc[c]);
+                }
+            }
+        }
+        let mask: __mmask16 = if a.valid == PANEL {
+            0xFFFF
+        } else {
+            (1u16 << a.valid) - 1
+        };
+        for c in 0..C {
+            _mm512_mask_storeu_ps(a.out.add((c0 + c) * a.n), mask, acc[c]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::quant_q8::quantize_rows;
+    use rlx_formats::{quant::dequantize, GgmlType};
+
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (self.0 >> 33) as u32
+        }
+        fn f(&mut self) -> f32 {
+            self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
+        }
+    }
+
+    const SCHEMES: [QuantScheme; 3] = [QuantScheme::Q4_0, QuantScheme::Q4_1, QuantScheme::Q8_0];
+
+    /// Random rows with small random f16 scales (and negative mins).
+    fn random_w(scheme: QuantScheme, n: usize, k: usize, rng: &mut Lcg) -> Vec<u8> {
+        let rb = scheme.row_bytes(k).unwrap();
+        let mut w: Vec<u8> = (0..n * rb).map(|_| rng.next() as u8).collect();
+        for blk in w.chunks_exact_mut(scheme.block_bytes()) {
+            let v = 0.001 + (rng.next() % 1000) as f32 * 6e-5;
+            blk[..2].copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
+            if scheme == QuantScheme::Q4_1 {
+                blk[2..4].copy_from_slice(&half::f16::from_f32(-4.0 * v).to_bits().to_le_bytes());
+            }
+        }
+        w
+    }
+
+    /// The exact product of the activations (rounded for `Int8`) and the
+    /// dequantized weights, in f64.
+    fn exact(
+        scheme: QuantScheme,
+        act: ActivationPrecision,
+        x: &[f32],
+        m: usize,
+        w: &[u8],
+        n: usize,
+    ) -> Vec<f64> {
+        let k = x.len() / m;
+        let xh = match act {
+            ActivationPrecision::Int8 => quantize_rows(x, m, k, false).dequantize(),
+            ActivationPrecision::F32 => x.to_vec(),
+        };
+        let rb = scheme.row_bytes(k).unwrap();
+        let mut wf = vec![0.0f32; k];
+        let mut want = vec![0.0f64; m * n];
+        for j in 0..n {
+            dequantize(GgmlType::from(scheme), &w[j * rb..(j + 1) * rb], k, &mut wf).unwrap();
+            for i in 0..m {
+                want[i * n + j] = (0..k)
+                    .map(|e| f64::from(xh[i * k + e]) * f64::from(wf[e]))
+                    .sum();
+            }
+        }
+        want
+    }
+
+    #[test]
+    fn every_path_matches_the_exact_product_and_the_scalar_bits() {
+        let mut rng = Lcg(17);
+        let paths = PanelPath::available();
+        println!("panel kernels checked on this CPU: {paths:?}");
+        for scheme in SCHEMES {
+            for (m, n, k) in [
+                (1, 16, 32),
+                (1, 37, 576),
+                (3, 50, 96),
+                (8, 16, 64),
+                (13, 33, 160),
+            ] {
+                let w = random_w(scheme, n, k, &mut rng);
+                let x: Vec<f32> = (0..m * k).map(|_| rng.f() * 2.0).collect();
+                let panels = QuantPanels::pack(scheme, &w, n, k).unwrap();
+                for act in [ActivationPrecision::Int8, ActivationPrecision::F32] {
+                    let want = exact(scheme, act, &x, m, &w, n);
+                    let mut first: Option<Vec<u32>> = None;
+                    for &path in &paths {
+                        for parallel in [false, true] {
+                            let mut out = vec![f32::NAN; m * n];
+                            panels
+                                .matmul_path(act, &x, m, &mut out, parallel, path)
+                                .unwrap();
+                            for (i, (&g, &e)) in out.iter().zip(&want).enumerate() {
+                                let tol = 1e-4 * (1.0 + e.abs());
+                                assert!(
+                                (f64::from(g) - e).abs() <= tol,
+                                "{scheme:?} {act:?} m={m} n={n} k={k} {path:?} [{i}]: {g} vs {e}"
+                            );
+                            }
+                            let bits: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                            match &first {
+                                None => first = Some(bits),
+                                Some(f) => {
+                                    assert_eq!(f, &bits, "{scheme:?} {act:?} {path:?} m={m} n={n}")
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Within f32 rounding of the row-at-a-time integer kernels.
+    #[test]
+    fn agrees_with_the_gguf_layout_kernels() {
+        let mut rng = Lcg(3);
+        for scheme in SCHEMES {
+            let (m, n, k) = (5, 40, 192);
+            let w = random_w(scheme, n, k, &mut rng);
+            let x: Vec<f32> = (0..m * k).map(|_| rng.f()).collect();
+            let mut a = vec![0.0f32; m * n];
+            let mut b = vec![0.0f32; m * n];
+            QuantPanels::pack(scheme, &w, n, k)
+                .unwrap()
+                .matmul(ActivationPrecision::Int8, &x, m, &mut a, true)
+                .unwrap();
+            crate::kernels::quant::dequant_matmul_act(
+                scheme,
+                rlx_ir::ActivationPrecision::Int8,
+                &x,
+                m,
+                k,
+                &w,
+                n,
+                &mut b,
+                true,
+            )
+            .unwrap();
+            for (i, (u, v)) in a.iter().zip(&b).enumerate() {
+                assert!(
+                    (u - v).abs() <= 1e-4 * (1.0 + v.abs()),
+                    "{scheme:?} [{i}] {u} vs {v}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_nan_activation_block_gives_nan_and_bad_sizes_are_errors() {
+        let mut rng = Lcg(9);
+        let (n, k) = (20, 64);
+        let w = random_w(QuantScheme::Q4_1, n, k, &mut rng);
+        let p = QuantPanels::pack(QuantScheme::Q4_1, &w, n, k).unwrap();
+        let mut x = vec![0.5f32; 2 * k];
+        x[k + 40] = f32::NAN;
+        for path in PanelPath::available() {
+            let mut out = vec![0.0f32; 2 * n];
+            p.matmul_path(ActivationPrecision::Int8, &x, 2, &mut out, false, path)
+                .unwrap();
+            assert!(out[..n].iter().all(|v| v.is_finite()));
+            assert!(out[n..].iter().all(|v| v.is_nan()), "{path:?}");
+        }
+        let mut out = vec![0.0f32; n];
+        assert!(p
+            .matmul(ActivationPrecision::F32, &x, 1, &mut out, false)
+            .is_err());
+        assert!(QuantPanels::pack(QuantScheme::Q4_1, &w[1..], n, k).is_err());
+        assert!(QuantPanels::pack(QuantScheme::Q6K, &w, n, k).is_err());
+        assert!(QuantPanels::pack(QuantScheme::Q4_1, &w, n, 48).is_err());
+    }
+}
