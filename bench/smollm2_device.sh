@@ -13,8 +13,10 @@
 # Per thread count, ROUNDS (default 3) interleaved rounds of
 #   llama-bench -m GGUF -p 128 -n 128 -t T -r 3 -o json   (OpenMP default wait policy)
 #   rlx bench-llm --model GGUF --prefill 128 --decode 128 --reps 3 --threads T --json
-#   the same with --int8-activations (VNNI panels where the CPU has AVX512-VNNI)
-#   the same with RLX_CPU_QUANT_PANELS=0 (int8 on the GGUF-layout kernels: A/B)
+#   the same with --int8-activations
+#   both again with RLX_CPU_QUANT_PANELS=0 (the GGUF-layout kernels instead of
+#   the AVX-512 weight panels, an A/B of the same binary; same kernels on CPUs
+#   without AVX512-VNNI)
 # Raw outputs go to $OUT (default /tmp/smollm2-out); the summary, with the
 # medians over the rounds and the ratios rlx / llama.cpp, to
 # $OUT/smollm2_xeon.json. TIMEOUT (default 600) bounds each run in seconds.
@@ -71,6 +73,9 @@ for t in $THREADS; do
       timeout "$TIMEOUT" "$RLX" bench-llm --model "$M" --prefill 128 --decode 128 --reps 3 \
         --threads "$t" --json --int8-activations > "${p}_rlx_int8.json" 2> "${p}_rlx_int8.err"
       echo "  rlx int8: exit $? $(tail -1 "${p}_rlx_int8.json")"
+      RLX_CPU_QUANT_PANELS=0 timeout "$TIMEOUT" "$RLX" bench-llm --model "$M" --prefill 128 --decode 128 \
+        --reps 3 --threads "$t" --json > "${p}_rlx_f32gguf.json" 2> "${p}_rlx_f32gguf.err"
+      echo "  rlx f32 (no panels): exit $? $(tail -1 "${p}_rlx_f32gguf.json")"
       RLX_CPU_QUANT_PANELS=0 timeout "$TIMEOUT" "$RLX" bench-llm --model "$M" --prefill 128 --decode 128 \
         --reps 3 --threads "$t" --json --int8-activations > "${p}_rlx_int8gguf.json" 2> "${p}_rlx_int8gguf.err"
       echo "  rlx int8 (no panels): exit $? $(tail -1 "${p}_rlx_int8gguf.json")"
@@ -146,7 +151,7 @@ for t in threads:
     row = {"threads": t,
            "llamacpp": {"prefill_tok_s": med([x[0] for x in lb]), "decode_tok_s": med([x[1] for x in lb]),
                         "prefill_runs": [x[0] for x in lb], "decode_runs": [x[1] for x in lb]}}
-    for mode in ("f32", "int8", "int8gguf"):
+    for mode in ("f32", "int8", "f32gguf", "int8gguf"):
         rr = [rlx_round(t, r, mode) for r in range(1, rounds + 1)] if have_rlx else []
         e = {"prefill_tok_s": med([x[0] for x in rr]), "decode_tok_s": med([x[1] for x in rr]),
              "prefill_runs": [x[0] for x in rr], "decode_runs": [x[1] for x in rr]}
@@ -163,7 +168,7 @@ summary = {
     "model": "SmolLM2-135M-Instruct Q4_1, tensor data zeroed (bench/zero_gguf.py)",
     "llamacpp": dict(llama_info, libstdcxx=os.environ.get("LB_LIBS"), command="llama-bench -m GGUF -p 128 -n 128 -t T -r 3 -o json (OMP_WAIT_POLICY unset)"),
     "rlx": None if have_rlx else "no rlx binary in the bundle",
-    "rlx_command": "rlx bench-llm --model GGUF --prefill 128 --decode 128 --reps 3 --threads T --json [--int8-activations]; int8gguf: RLX_CPU_QUANT_PANELS=0 (GGUF-layout integer kernels instead of VNNI panels)",
+    "rlx_command": "rlx bench-llm --model GGUF --prefill 128 --decode 128 --reps 3 --threads T --json [--int8-activations]; f32gguf/int8gguf: RLX_CPU_QUANT_PANELS=0 (GGUF-layout kernels instead of the AVX-512 weight panels)",
     "rounds": rounds,
     "ratio": "rlx / llama.cpp tok/s (higher is better for rlx); medians over the rounds",
     "loadavg": read(os.path.join(out, "loadavg.txt")).splitlines(),
@@ -177,12 +182,13 @@ with open(os.path.join(out, "smollm2_xeon.json"), "w") as f:
 
 fmt = lambda x: "-" if x is None else (f"{x:.3f}" if x < 10 else f"{x:.1f}")
 print(f"{summary['cpu_model']}; llama.cpp CPU backend: {llama_info.get('cpu_backend_library')}")
-print("threads | llama pp | llama tg | rlx f32 pp (ratio) | rlx f32 tg (ratio) | rlx int8 pp (ratio) | rlx int8 tg (ratio) | int8 no-panels pp | tg")
+print("threads | llama pp | llama tg | rlx f32 pp (ratio) | rlx f32 tg (ratio) | rlx int8 pp (ratio) | rlx int8 tg (ratio) | no panels: f32 pp | f32 tg | int8 pp | int8 tg")
 for row in rows:
-    l, a, b, c = row["llamacpp"], row["rlx_f32"], row["rlx_int8"], row["rlx_int8gguf"]
+    l, a, b = row["llamacpp"], row["rlx_f32"], row["rlx_int8"]
+    c, e = row["rlx_f32gguf"], row["rlx_int8gguf"]
     print(f"{row['threads']:7d} | {fmt(l['prefill_tok_s'])} | {fmt(l['decode_tok_s'])} | "
           f"{fmt(a['prefill_tok_s'])} ({fmt(a['prefill_ratio'])}) | {fmt(a['decode_tok_s'])} ({fmt(a['decode_ratio'])}) | "
           f"{fmt(b['prefill_tok_s'])} ({fmt(b['prefill_ratio'])}) | {fmt(b['decode_tok_s'])} ({fmt(b['decode_ratio'])}) | "
-          f"{fmt(c['prefill_tok_s'])} ({fmt(c['prefill_ratio'])}) | {fmt(c['decode_tok_s'])} ({fmt(c['decode_ratio'])})")
+          f"{fmt(c['prefill_tok_s'])} | {fmt(c['decode_tok_s'])} | {fmt(e['prefill_tok_s'])} | {fmt(e['decode_tok_s'])}")
 print("wrote", os.path.join(out, "smollm2_xeon.json"))
 PY
