@@ -244,7 +244,7 @@ pub struct BenchLlmArgs {
     /// file needed: speed is the same, the text is noise.
     #[arg(long)]
     synthetic: bool,
-    /// After timing, profile decode steps on the CPU: time per op kind and
+    /// After timing, profile the prefill and decode steps on the CPU: time per op kind and
     /// per step, GFLOP/s and GB/s (on stderr).
     #[arg(long)]
     profile: bool,
@@ -351,14 +351,19 @@ pub fn bench(a: BenchLlmArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Prefill `prompt`, then profile `steps` decode steps (mean per dispatch).
+/// Profile the prefill of `prompt` (one run), then `steps` decode steps
+/// (mean per dispatch).
 fn profile_decode(
     model: &mut LlamaModel,
     prompt: &[u32],
     steps: usize,
     threads: Option<usize>,
 ) -> Result<(), String> {
-    let mut logits = model.prefill(prompt).map_err(|e| e.to_string())?;
+    let (mut logits, prefill) = model.prefill_profiled(prompt).map_err(|e| e.to_string())?;
+    if !prefill.is_empty() {
+        eprintln!("\nprefill profile ({} tokens, one run):", prompt.len());
+        crate::bench::print_profile(&prefill, 1, threads);
+    }
     let mut runs = Vec::new();
     for _ in 0..steps {
         let id = rlx::models::llama::argmax(&logits);

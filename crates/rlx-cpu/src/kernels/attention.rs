@@ -392,57 +392,17 @@ simd_dispatch! {
         let hk = h / (p.num_heads / p.num_kv_heads);
         let qo = (b * sq + i0) * p.q_row_stride + h * d;
         let qh = &q[qo..qo + d];
-        let key = |j: usize| {
+        for (j, s) in scores.iter_mut().enumerate() {
             let ko = (b * sk + klo + j) * p.k_row_stride + hk * d;
-            &k[ko..ko + d]
-        };
+            *s = simd::dot(qh, &k[ko..ko + d]);
+        }
         let nk = scores.len();
-        let mut j = 0;
-        if d.is_multiple_of(8) {
-            // Four keys at a time: four independent chains of `simd::dot`'s
-            // exact operations (so the same bits), q read once for four.
-            while j + 4 <= nk {
-                let ks = [key(j), key(j + 1), key(j + 2), key(j + 3)];
-                let mut acc = [[0.0f32; 8]; 4];
-                for c in (0..d).step_by(8) {
-                    for (a, kr) in acc.iter_mut().zip(&ks) {
-                        for i in 0..8 {
-                            a[i] += qh[c + i] * kr[c + i];
-                        }
-                    }
-                }
-                for (u, a) in acc.iter().enumerate() {
-                    scores[j + u] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-                }
-                j += 4;
-            }
-        }
-        for (jj, s) in scores.iter_mut().enumerate().skip(j) {
-            *s = simd::dot(qh, key(jj));
-        }
         probs_rows(p, mask, scores, nk, b, h, i0, klo);
-        let vrow = |j: usize| (b * sk + klo + j) * p.v_row_stride + hk * d;
-        if d.is_multiple_of(16) {
-            // Columns in strips of 16 kept in registers over all keys: each
-            // output gets `simd::axpy`'s additions in the same order.
-            for c in (0..d).step_by(16) {
-                let mut acc = [0.0f32; 16];
-                for (j, &pj) in scores.iter().enumerate() {
-                    if pj != 0.0 {
-                        let vr = &v[vrow(j) + c..][..16];
-                        for i in 0..16 {
-                            acc[i] += pj * vr[i];
-                        }
-                    }
-                }
-                out[c..c + 16].copy_from_slice(&acc);
-            }
-            return;
-        }
         out.fill(0.0);
         for (j, &pj) in scores.iter().enumerate() {
             if pj != 0.0 {
-                simd::axpy(pj, &v[vrow(j)..vrow(j) + d], out);
+                let vo = (b * sk + klo + j) * p.v_row_stride + hk * d;
+                simd::axpy(pj, &v[vo..vo + d], out);
             }
         }
     }

@@ -321,6 +321,23 @@ impl LlamaModel {
     /// Run `ids` from position 0 (discarding any previous cache contents)
     /// and return the logits for the next token (`vocab` floats).
     pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, LlamaError> {
+        self.prefill_step(ids, false).map(|(logits, _)| logits)
+    }
+
+    /// [`prefill`](Self::prefill), timing every dispatch (CPU only; on
+    /// CUDA the profile is empty).
+    pub fn prefill_profiled(
+        &mut self,
+        ids: &[u32],
+    ) -> Result<(Vec<f32>, Vec<rlx_cpu::ProfileEntry>), LlamaError> {
+        self.prefill_step(ids, true)
+    }
+
+    fn prefill_step(
+        &mut self,
+        ids: &[u32],
+        profile: bool,
+    ) -> Result<(Vec<f32>, Vec<rlx_cpu::ProfileEntry>), LlamaError> {
         let s = ids.len();
         if s == 0 {
             return Err(LlamaError::EmptyPrompt);
@@ -334,15 +351,16 @@ impl LlamaModel {
         self.check_ids(ids, 0)?;
         let ids64: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
         let pos: Vec<i64> = (0..s as i64).collect();
-        let out = self.run_prefill_slot(
+        let (out, prof) = self.run_prefill_slot(
             Phase::Prefill { seq_len: s },
             &[
                 ("ids", TensorRef::I64(&ids64)),
                 ("pos", TensorRef::I64(&pos)),
             ],
+            profile,
         )?;
         self.pos = s;
-        self.logits(out)
+        Ok((self.logits(out)?, prof))
     }
 
     /// Feed `ids` after the tokens already in the cache, at positions
@@ -371,7 +389,7 @@ impl LlamaModel {
         let ids64: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
         let pos: Vec<i64> = (p as i64..(p + s) as i64).collect();
         let bias = extend_bias(p, s, self.ctx_len);
-        let out = self.run_prefill_slot(
+        let (out, _) = self.run_prefill_slot(
             Phase::Extend { seq_len: s },
             &[
                 ("ids", TensorRef::I64(&ids64)),
@@ -379,6 +397,7 @@ impl LlamaModel {
                 ("start", TensorRef::I64(&[p as i64])),
                 ("kv_bias", TensorRef::F32(&bias)),
             ],
+            false,
         )?;
         self.pos = p + s;
         self.logits(out)
@@ -390,21 +409,22 @@ impl LlamaModel {
         &mut self,
         phase: Phase,
         inputs: &[(&str, TensorRef<'_>)],
-    ) -> Result<Vec<Tensor>, LlamaError> {
+        profile: bool,
+    ) -> Result<(Vec<Tensor>, Vec<rlx_cpu::ProfileEntry>), LlamaError> {
         self.ensure_prefill(phase)?;
         self.move_caches(false)?;
-        let m: &mut dyn Executable = match &mut self.engine {
+        let out = match &mut self.engine {
             Engine::Cpu { prefill, .. } => match prefill.as_mut() {
-                Some((_, m)) => m,
+                Some((_, m)) if profile => m.run_profiled(inputs),
+                Some((_, m)) => m.run(inputs).map(|o| (o, Vec::new())),
                 None => return Err(LlamaError::NoPrefill),
             },
             #[cfg(feature = "cuda")]
             Engine::Cuda { prefill, .. } => match prefill.as_mut() {
-                Some((_, m)) => m,
+                Some((_, m)) => m.run(inputs).map(|o| (o, Vec::new())),
                 None => return Err(LlamaError::NoPrefill),
             },
         };
-        let out = m.run(inputs);
         // Hand the caches to the decode model even if the run failed.
         let moved = self.move_caches(true);
         let out = out?;
