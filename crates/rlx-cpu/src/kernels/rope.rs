@@ -232,3 +232,35 @@ pub fn rope(
         _ => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cache hands back tables equal to fresh ones, and makes new ones
+    /// whenever θ, `n_rot` or the positions change.
+    #[test]
+    fn cached_tables_follow_their_inputs() {
+        let spec = |theta: f32, n_rot: usize| RopeSpec {
+            head_dim: 8,
+            n_rot,
+            theta,
+            style: RopeStyle::NeoX,
+        };
+        let cases: [(RopeSpec, Vec<i64>); 5] = [
+            (spec(10000.0, 8), vec![0, 1, 2]),
+            (spec(10000.0, 8), vec![0, 1, 3]),
+            (spec(10000.0, 8), vec![0, 1, 2]),
+            (spec(500.0, 8), vec![0, 1, 2]),
+            (spec(500.0, 4), vec![0, 1, 2]),
+        ];
+        for (s, pos) in cases.iter().chain(cases.iter().rev()) {
+            let got = rope_tables_cached(s, pos);
+            let want = rope_tables(s, pos);
+            assert_eq!((&got.0, &got.1), (&want.0, &want.1), "{s:?} {pos:?}");
+        }
+        let a = rope_tables_cached(&cases[0].0, &cases[0].1);
+        let b = rope_tables_cached(&cases[0].0, &cases[0].1);
+        assert!(Arc::ptr_eq(&a, &b), "the same inputs reuse one set");
+    }
+}
