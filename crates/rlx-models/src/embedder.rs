@@ -425,7 +425,9 @@ impl SentenceEmbedder {
         for r in rows {
             batch.ids.extend_from_slice(r);
             batch.ids.extend(std::iter::repeat_n(pad, seq - r.len()));
-            batch.attention_mask.extend(std::iter::repeat_n(1.0f32, r.len()));
+            batch
+                .attention_mask
+                .extend(std::iter::repeat_n(1.0f32, r.len()));
             batch
                 .attention_mask
                 .extend(std::iter::repeat_n(0.0f32, seq - r.len()));
