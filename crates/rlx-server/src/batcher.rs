@@ -15,6 +15,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
+/// A request refused because its queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueFull;
+
 /// The vectors of one request, or why it failed.
 pub type EmbedResult = Result<Vec<Vec<f32>>, String>;
 
@@ -34,14 +38,14 @@ pub struct EmbedHandle {
 }
 
 impl EmbedHandle {
-    /// Queue a job; `Err` (the job back) when the queue is full.
-    pub fn submit(&self, job: EmbedJob) -> Result<(), EmbedJob> {
+    /// Queue a job; `Err` when the queue is full (or the worker stopped).
+    pub fn submit(&self, job: EmbedJob) -> Result<(), QueueFull> {
         match self.tx.try_send(job) {
             Ok(()) => {
                 self.metrics.embed_queue.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Err(TrySendError::Full(j)) | Err(TrySendError::Disconnected(j)) => Err(j),
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => Err(QueueFull),
         }
     }
 }

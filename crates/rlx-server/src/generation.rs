@@ -11,6 +11,7 @@
 //! a batched decode graph: the model runs one sequence per step, so the
 //! aggregate tokens/s is about one stream's, shared fairly.
 
+pub use crate::batcher::QueueFull;
 use crate::metrics::Metrics;
 use crate::stop::{Step, StopText};
 use rlx::models::gguf_tokenizer::{GgufTokenizer, StreamDecoder};
@@ -90,14 +91,14 @@ pub struct GenHandle {
 }
 
 impl GenHandle {
-    /// Queue a request; `Err` (the request back) when the queue is full.
-    pub fn submit(&self, r: GenRequest) -> Result<(), GenRequest> {
+    /// Queue a request; `Err` when the queue is full (or the worker stopped).
+    pub fn submit(&self, r: GenRequest) -> Result<(), QueueFull> {
         match self.tx.try_send(r) {
             Ok(()) => {
                 self.metrics.gen_queue.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Err(TrySendError::Full(r)) | Err(TrySendError::Disconnected(r)) => Err(r),
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => Err(QueueFull),
         }
     }
 }
