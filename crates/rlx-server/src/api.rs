@@ -216,12 +216,23 @@ fn embed_rows(
             .encode(t)
             .map_err(|err| ApiError::bad_request(format!("input: {err}")))
     };
+    // Checked here, not in the batch: a bad row must not fail the other
+    // clients' inputs batched with it.
+    let (vocab, max_len) = (e.tokenizer.vocab_size() as i64, e.tokenizer.max_seq_len());
     let ids = |v: &[Value]| -> Result<Vec<i64>, ApiError> {
+        if v.len() > max_len {
+            return Err(ApiError::bad_request(format!(
+                "input: {} token ids; the model takes at most {max_len}",
+                v.len()
+            )));
+        }
         v.iter()
-            .map(|x| {
-                x.as_i64().ok_or_else(|| {
-                    ApiError::bad_request(format!("input: {x} is not a token id (an integer)"))
-                })
+            .map(|x| match x.as_i64() {
+                Some(id) if (0..vocab).contains(&id) => Ok(id),
+                _ => Err(ApiError::bad_request(format!(
+                    "input: {x} is not a token id (an integer from 0 to {})",
+                    vocab - 1
+                ))),
             })
             .collect()
     };
