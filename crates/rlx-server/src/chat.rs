@@ -40,6 +40,23 @@ impl ChatTemplate {
         })
     }
 
+    /// The template of a GGUF file (`tokenizer.chat_template`, ChatML when
+    /// absent), with its tokenizer's BOS and EOS texts.
+    pub fn from_gguf(
+        f: &rlx::formats::GgufFile,
+        tok: &rlx::models::gguf_tokenizer::GgufTokenizer,
+    ) -> Result<Self, String> {
+        let src = f
+            .metadata("tokenizer.chat_template")
+            .and_then(|v| v.as_str());
+        let text_of = |id: Option<u32>| {
+            id.and_then(|i| tok.token_text(i).ok())
+                .unwrap_or_default()
+                .to_string()
+        };
+        Self::new(src, &text_of(tok.bos_id()), &text_of(tok.eos_id()))
+    }
+
     /// The prompt for `messages`, ending with the assistant's turn.
     pub fn render(&self, messages: &[Message]) -> Result<String, String> {
         let t = self.env.get_template("chat").map_err(|e| e.to_string())?;

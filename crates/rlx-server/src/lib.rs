@@ -17,7 +17,7 @@
 
 mod api;
 pub mod batcher;
-mod chat;
+pub mod chat;
 mod error;
 pub mod generation;
 mod metrics;
@@ -203,21 +203,7 @@ fn load_llm(
         .context_length
         .map_or(cfg.ctx, |c| cfg.ctx.min(c.max(1)));
     config.check_ctx(ctx).map_err(|e| ctx_err(e.to_string()))?;
-    let template_src = f
-        .metadata("tokenizer.chat_template")
-        .and_then(|v| v.as_str())
-        .map(str::to_string);
-    let text_of = |id: Option<u32>| {
-        id.and_then(|i| tok.token_text(i).ok())
-            .unwrap_or_default()
-            .to_string()
-    };
-    let template = ChatTemplate::new(
-        template_src.as_deref(),
-        &text_of(tok.bos_id()),
-        &text_of(tok.eos_id()),
-    )
-    .map_err(ctx_err)?;
+    let template = ChatTemplate::from_gguf(&f, &tok).map_err(ctx_err)?;
     let w = LlamaWeights::load(&f, &config).map_err(|e| ctx_err(e.to_string()))?;
     drop(f);
     let device = LlamaDevice::Cpu(CpuOptions {
