@@ -395,8 +395,21 @@ impl Server {
 
     /// Block until the server stops (SIGTERM / Ctrl-C with
     /// [`ServerConfig::handle_signals`]), draining requests in flight.
+    /// If loading a model fails, the server stops and this returns why.
     pub fn wait(mut self) -> Result<(), String> {
-        self.wait_inner()
+        loop {
+            if self.http.as_ref().is_none_or(|h| h.is_finished()) {
+                return self.wait_inner();
+            }
+            if let Some(e) = self.state.load_error.lock().ok().and_then(|l| l.clone()) {
+                if let Some(s) = self.stop.take() {
+                    let _ = s.send(());
+                }
+                self.wait_inner()?;
+                return Err(e);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     fn wait_inner(&mut self) -> Result<(), String> {
