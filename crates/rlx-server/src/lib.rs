@@ -322,7 +322,7 @@ impl Server {
                     match res {
                         Ok(()) => state.ready.store(true, Ordering::SeqCst),
                         Err(e) => {
-                            eprintln!("rlx serve: loading failed: {e}");
+                            // Reported by `wait` / `wait_ready` and GET /health.
                             if let Ok(mut l) = state.load_error.lock() {
                                 *l = Some(e);
                             }
