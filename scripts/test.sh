@@ -13,6 +13,9 @@ export LD_LIBRARY_PATH="$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
+# The official OpenAI Python client (pinned, in .venv-openai) against
+# `rlx serve`, with the rlx binary cargo test just built (~30 s).
+bash scripts/openai_client/run.sh
 # Fuzz every file reader for a bounded time (fuzz/ on nightly, or stable with
 # RUSTC_BOOTSTRAP=1; a crash or memory blow-up fails the run).
 RLX_FUZZ_SECS="${RLX_FUZZ_SECS:-30}" bash scripts/fuzz.sh

@@ -131,6 +131,33 @@ pub struct GenerateArgs {
     /// Where to run (`cuda` needs a build with `--features cuda`).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
+    /// Print one JSON object `{prompt_ids, ids, text, top_logits}` instead
+    /// of streaming text (`ids` include a final end-of-generation token).
+    #[arg(long)]
+    json: bool,
+    /// With `--json`: how many of the largest logits (`[id, logit]` pairs,
+    /// largest first) to report for each generated token.
+    #[arg(long, default_value_t = 5)]
+    top_logits: usize,
+    /// Apply the model's chat template (the GGUF's
+    /// `tokenizer.chat_template`) to the prompt as one user turn.
+    #[arg(long)]
+    chat: bool,
+}
+
+/// The `k` largest logits as `[id, logit]`, largest first (lower id on ties).
+fn top_logits(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    if k == 0 {
+        return Vec::new();
+    }
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    idx.sort_by(|&a, &b| {
+        logits[b as usize]
+            .total_cmp(&logits[a as usize])
+            .then(a.cmp(&b))
+    });
+    idx.truncate(k);
+    idx.into_iter().map(|i| (i, logits[i as usize])).collect()
 }
 
 /// Run `rlx generate`, streaming text to stdout.
@@ -160,9 +187,19 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         seed: a.seed,
     })
     .map_err(|e| e.to_string())?;
-    let prompt = tok
-        .encode(&a.prompt, tok.add_bos_default())
-        .map_err(|e| e.to_string())?;
+    let prompt = if a.chat {
+        let f = rlx::formats::GgufFile::open(&path).map_err(|e| e.to_string())?;
+        let t = rlx_server::chat::ChatTemplate::from_gguf(&f, &tok)?;
+        let text = t.render(&[rlx_server::chat::Message {
+            role: "user".into(),
+            content: a.prompt.clone(),
+        }])?;
+        // The template writes the BOS text itself where the model wants one.
+        tok.encode(&text, false).map_err(|e| e.to_string())?
+    } else {
+        tok.encode(&a.prompt, tok.add_bos_default())
+            .map_err(|e| e.to_string())?
+    };
     if prompt.is_empty() {
         return Err("the prompt encodes to no tokens".into());
     }
@@ -175,28 +212,43 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
     let t_prefill = t0.elapsed();
     let mut n = 0;
     let t1 = Instant::now();
+    let (mut ids, mut tops, mut text) = (Vec::new(), Vec::new(), String::new());
     while n < a.max_tokens {
         let id = sampler
             .sample(&logits, &history)
             .map_err(|e| e.to_string())?;
         n += 1;
+        if a.json {
+            ids.push(id);
+            tops.push(top_logits(&logits, a.top_logits));
+        }
         if tok.is_end_of_generation(id) {
             break;
         }
         history.push(id);
-        if let Some(text) = stream.push(id).map_err(|e| e.to_string())? {
-            write!(out, "{text}").map_err(|e| e.to_string())?;
-            out.flush().ok();
+        if let Some(piece) = stream.push(id).map_err(|e| e.to_string())? {
+            if a.json {
+                text.push_str(&piece);
+            } else {
+                write!(out, "{piece}").map_err(|e| e.to_string())?;
+                out.flush().ok();
+            }
         }
         if n == a.max_tokens {
             break;
         }
         logits = model.decode(id).map_err(|e| e.to_string())?;
     }
-    if let Some(text) = stream.finish() {
-        write!(out, "{text}").map_err(|e| e.to_string())?;
+    let rest = stream.finish().unwrap_or_default();
+    if a.json {
+        text.push_str(&rest);
+        let obj = serde_json::json!({"prompt_ids": prompt, "ids": ids, "text": text,
+            "top_logits": tops});
+        writeln!(out, "{obj}").map_err(|e| e.to_string())?;
+    } else {
+        write!(out, "{rest}").map_err(|e| e.to_string())?;
+        writeln!(out).ok();
     }
-    writeln!(out).ok();
     eprintln!(
         "[{} prompt tokens in {:.1} ms ({:.1} tok/s prefill), {} new tokens at {:.1} tok/s decode]",
         prompt.len(),

@@ -5,6 +5,7 @@ mod checks;
 mod embed;
 mod generate;
 mod plan;
+mod serve;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -54,6 +55,8 @@ enum Cmd {
     Generate(generate::GenerateArgs),
     /// Time LLM prefill and decode (tokens/s).
     BenchLlm(generate::BenchLlmArgs),
+    /// Serve models over an OpenAI-compatible HTTP API.
+    Serve(serve::ServeArgs),
 }
 
 /// The default model cache: `$RLX_MODELS_DIR` or `~/.cache/rlx/models`.
@@ -122,6 +125,7 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Generate(a) => generate::run(a),
         Cmd::BenchLlm(a) => generate::bench(a),
+        Cmd::Serve(a) => serve::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -66,6 +66,15 @@ pub enum ModelError {
         /// That element.
         value: f32,
     },
+    /// Token-id input that the model cannot embed (see
+    /// [`SentenceEmbedder::embed_ids`]).
+    #[error("input ids, row {row}: {message}")]
+    BadIds {
+        /// Which row of the input.
+        row: usize,
+        /// What was wrong and what was expected.
+        message: String,
+    },
 }
 
 /// One vector per input text.
@@ -373,6 +382,65 @@ impl SentenceEmbedder {
             return Ok((vec![], tokens.then(Vec::new)));
         }
         let batch = self.tokenizer.encode_batch(texts)?;
+        self.run_batch(batch, tokens)
+    }
+
+    /// Embed rows of token ids used as they are (special tokens such as
+    /// `[CLS]` and `[SEP]` included by the caller; no truncation): one
+    /// L2-normalized vector per row. For the ids the tokenizer gives a
+    /// text, this is bit for bit [`embed`](Self::embed) of that text in the
+    /// same batch. Errors name the row: an empty row, a row longer than the
+    /// model's maximum length, or an id outside the vocabulary.
+    pub fn embed_ids(&mut self, rows: &[Vec<i64>]) -> Result<Embeddings, ModelError> {
+        if rows.is_empty() {
+            return Ok(vec![]);
+        }
+        let max_len = self.tokenizer.max_seq_len();
+        let vocab = self.cfg.vocab_size as i64;
+        for (row, r) in rows.iter().enumerate() {
+            let bad = |message: String| Err(ModelError::BadIds { row, message });
+            if r.is_empty() {
+                return bad("empty: expected at least one token id".into());
+            }
+            if r.len() > max_len {
+                return bad(format!(
+                    "{} ids: expected at most {max_len} (the model's maximum length)",
+                    r.len()
+                ));
+            }
+            if let Some(&id) = r.iter().find(|&&id| id < 0 || id >= vocab) {
+                return bad(format!("id {id}: expected 0 to {}", vocab - 1));
+            }
+        }
+        let seq = rows.iter().map(Vec::len).max().unwrap_or(0);
+        let pad = i64::from(self.tokenizer.pad_id());
+        let mut batch = Batch {
+            ids: Vec::with_capacity(rows.len() * seq),
+            attention_mask: Vec::with_capacity(rows.len() * seq),
+            token_type_ids: vec![0; rows.len() * seq],
+            batch: rows.len(),
+            seq,
+            lengths: rows.iter().map(Vec::len).collect(),
+        };
+        for r in rows {
+            batch.ids.extend_from_slice(r);
+            batch.ids.extend(std::iter::repeat_n(pad, seq - r.len()));
+            batch
+                .attention_mask
+                .extend(std::iter::repeat_n(1.0f32, r.len()));
+            batch
+                .attention_mask
+                .extend(std::iter::repeat_n(0.0f32, seq - r.len()));
+        }
+        Ok(self.run_batch(batch, false)?.0)
+    }
+
+    /// Run one tokenized batch (padded to the device's bucket first).
+    fn run_batch(
+        &mut self,
+        batch: Batch,
+        tokens: bool,
+    ) -> Result<(Embeddings, Option<Embeddings>), ModelError> {
         #[cfg(feature = "cuda")]
         if let EmbedDevice::Cuda(opts) = &self.device {
             let opts = opts.clone();

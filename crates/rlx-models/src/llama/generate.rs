@@ -432,6 +432,70 @@ impl LlamaModel {
         Ok(out)
     }
 
+    /// A fresh (zeroed, empty) KV cache of this model's shape, for
+    /// [`swap_cache`](Self::swap_cache): one per sequence a caller keeps.
+    pub fn new_cache(&self) -> KvCache {
+        let kv = self.config.kv_dim();
+        let tensors = (0..self.config.n_layers)
+            .flat_map(|l| {
+                let (k, v) = cache_names(l);
+                [k, v]
+            })
+            .map(|name| {
+                let t = Tensor::f32(&[1, self.ctx_len, kv], vec![0.0; self.ctx_len * kv]);
+                (name, t)
+            })
+            .collect();
+        KvCache { tensors, pos: 0 }
+    }
+
+    /// Put `cache` (its tensors and position) into the model and return the
+    /// one it held: the tensors are moved, not copied. Several sequences
+    /// can so share one compiled model, each with its own cache and
+    /// position: swap a sequence's cache in, [`prefill`](Self::prefill) or
+    /// [`decode`](Self::decode) it, swap it out. Errors (and changes
+    /// nothing) when `cache` is not of this model's shape.
+    pub fn swap_cache(&mut self, cache: KvCache) -> Result<KvCache, LlamaError> {
+        let kv = self.config.kv_dim();
+        let want = self.config.n_layers * 2;
+        let ok = cache.tensors.len() == want
+            && cache.pos <= self.ctx_len
+            && cache.tensors.iter().enumerate().all(|(i, (name, t))| {
+                let (k, v) = cache_names(i / 2);
+                *name == if i % 2 == 0 { k } else { v }
+                    && t.shape.dims[..] == [1, self.ctx_len, kv]
+                    && matches!(&*t.data, TensorData::F32(d) if d.len() == self.ctx_len * kv)
+            });
+        if !ok {
+            return Err(LlamaError::MissingTensor {
+                name: "KvCache".into(),
+                expected: format!(
+                    "{want} f32 tensors cache.k.{{l}}/cache.v.{{l}} of [1, {}, {kv}] and a position <= {}",
+                    self.ctx_len, self.ctx_len
+                ),
+            });
+        }
+        self.move_caches(true)?;
+        let decode: &mut dyn Executable = match &mut self.engine {
+            Engine::Cpu { decode, .. } => decode,
+            #[cfg(feature = "cuda")]
+            Engine::Cuda { decode, .. } => decode,
+        };
+        let mut old = Vec::with_capacity(want);
+        for (name, t) in cache.tensors {
+            let prev = decode
+                .take_param(&name)
+                .ok_or_else(|| LlamaError::MissingTensor {
+                    name: name.clone(),
+                    expected: format!("KV cache f32 [1, {}, {kv}]", self.ctx_len),
+                })?;
+            decode.set_param_tensor(&name, t)?;
+            old.push((name, prev));
+        }
+        let pos = std::mem::replace(&mut self.pos, cache.pos);
+        Ok(KvCache { tensors: old, pos })
+    }
+
     /// Feed one token at the next position and return the logits for the
     /// token after it.
     pub fn decode(&mut self, id: u32) -> Result<Vec<f32>, LlamaError> {
@@ -564,6 +628,22 @@ impl LlamaModel {
         eos: Option<u32>,
     ) -> Result<Vec<u32>, LlamaError> {
         self.generate(prompt_ids, max_new, eos, &mut |l| argmax(l))
+    }
+}
+
+/// One sequence's KV cache (every layer's `cache.k.{l}` / `cache.v.{l}`)
+/// and its position, held outside a [`LlamaModel`]: see
+/// [`LlamaModel::new_cache`] and [`LlamaModel::swap_cache`].
+#[derive(Debug)]
+pub struct KvCache {
+    tensors: Vec<(String, Tensor)>,
+    pos: usize,
+}
+
+impl KvCache {
+    /// Tokens this cache holds.
+    pub fn position(&self) -> usize {
+        self.pos
     }
 }
 

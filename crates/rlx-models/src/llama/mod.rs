@@ -25,6 +25,6 @@ mod weights;
 
 pub use config::{LlamaConfig, SUPPORTED_ARCHS};
 pub use error::LlamaError;
-pub use generate::{argmax, LlamaDevice, LlamaModel};
+pub use generate::{argmax, KvCache, LlamaDevice, LlamaModel};
 pub use graph::{build_graph, cache_names, extend_bias, Phase};
 pub use weights::{bias_name, gate_up_name, qkv_name, Linear, LlamaWeights, EMBED_TABLE};

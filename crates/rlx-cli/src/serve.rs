@@ -1,0 +1,93 @@
+//! `rlx serve`: the OpenAI-compatible server of the `rlx-server` crate.
+
+use crate::DeviceArg;
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Arguments of `rlx serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// A sentence-embedding model directory, or `minilm` (the fetched
+    /// all-MiniLM-L6-v2, fetched if missing).
+    #[arg(long)]
+    embed_model: Option<String>,
+    /// A llama-architecture GGUF file, or `smollm2` (the fetched
+    /// SmolLM2-135M-Instruct Q4_1, fetched if missing).
+    #[arg(long)]
+    llm: Option<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0: any free port, printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Where to run (only `cpu` is served today).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
+    /// Worker threads per model (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Most padded tokens in one embedding batch.
+    #[arg(long, default_value_t = 8192)]
+    max_batch_tokens: usize,
+    /// Sequences generated at once (slots, each with its own KV cache).
+    #[arg(long, default_value_t = 4)]
+    max_concurrent: usize,
+    /// Requests that may wait per model; beyond it, 429 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 120)]
+    timeout: u64,
+    /// Context length of the language model (KV cache positions per slot).
+    #[arg(long, default_value_t = 2048)]
+    ctx: usize,
+}
+
+/// `minilm` / `smollm2` name the fetched models (fetched when missing).
+fn resolve(
+    arg: &Option<String>,
+    alias: &str,
+    path: PathBuf,
+    fetch: &str,
+) -> Result<Option<PathBuf>, String> {
+    match arg.as_deref() {
+        None => Ok(None),
+        Some(a) if a == alias => {
+            if !path.exists() {
+                eprintln!("fetching {fetch} into {}", path.display());
+                crate::fetch(fetch)?;
+            }
+            Ok(Some(path))
+        }
+        Some(a) => Ok(Some(PathBuf::from(a))),
+    }
+}
+
+/// Run `rlx serve` until SIGTERM or Ctrl-C.
+pub fn run(a: ServeArgs) -> Result<(), String> {
+    if a.device == DeviceArg::Cuda {
+        return Err("--device cuda: rlx serve runs on the CPU only today".into());
+    }
+    let threads = crate::check_threads(a.threads)?;
+    let embed_model = resolve(&a.embed_model, "minilm", crate::default_minilm(), "minilm")?;
+    let llm = resolve(&a.llm, "smollm2", crate::default_smollm2(), "smollm2")?;
+    let cfg = rlx_server::ServerConfig {
+        embed_model,
+        llm,
+        host: a.host,
+        port: a.port,
+        threads,
+        max_batch_tokens: a.max_batch_tokens,
+        max_concurrent: a.max_concurrent,
+        queue: a.queue,
+        timeout: Duration::from_secs(a.timeout),
+        ctx: a.ctx,
+        handle_signals: true,
+        ..Default::default()
+    };
+    let server = rlx_server::Server::start(cfg)?;
+    eprintln!("rlx serve: listening on http://{}", server.addr());
+    server.wait()
+}

@@ -1,0 +1,95 @@
+//! Chat prompts from the model's own template (`tokenizer.chat_template`
+//! in the GGUF), rendered with minijinja; ChatML when the file has none.
+
+use minijinja::{Environment, Error, ErrorKind};
+use serde::Serialize;
+
+/// ChatML, used when the GGUF carries no template.
+const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// One chat message.
+#[derive(Debug, Clone, Serialize)]
+pub struct Message {
+    /// `system`, `user`, `assistant`, ...
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// A compiled chat template.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos: String,
+    eos: String,
+}
+
+impl ChatTemplate {
+    /// Compile `source` (or ChatML when `None`); `bos`/`eos` are the texts
+    /// of the model's special tokens, as templates expect them.
+    pub fn new(source: Option<&str>, bos: &str, eos: &str) -> Result<Self, String> {
+        let mut env = Environment::new();
+        env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned("chat", source.unwrap_or(CHATML).to_string())
+            .map_err(|e| format!("the GGUF's tokenizer.chat_template does not compile: {e}"))?;
+        Ok(ChatTemplate {
+            env,
+            bos: bos.to_string(),
+            eos: eos.to_string(),
+        })
+    }
+
+    /// The template of a GGUF file (`tokenizer.chat_template`, ChatML when
+    /// absent), with its tokenizer's BOS and EOS texts.
+    pub fn from_gguf(
+        f: &rlx::formats::GgufFile,
+        tok: &rlx::models::gguf_tokenizer::GgufTokenizer,
+    ) -> Result<Self, String> {
+        let src = f
+            .metadata("tokenizer.chat_template")
+            .and_then(|v| v.as_str());
+        let text_of = |id: Option<u32>| {
+            id.and_then(|i| tok.token_text(i).ok())
+                .unwrap_or_default()
+                .to_string()
+        };
+        Self::new(src, &text_of(tok.bos_id()), &text_of(tok.eos_id()))
+    }
+
+    /// The prompt for `messages`, ending with the assistant's turn.
+    pub fn render(&self, messages: &[Message]) -> Result<String, String> {
+        let t = self.env.get_template("chat").map_err(|e| e.to_string())?;
+        t.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => true,
+            bos_token => self.bos,
+            eos_token => self.eos,
+        })
+        .map_err(|e| format!("rendering the chat template: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chatml_fallback_renders_turns_and_the_generation_prompt() {
+        let t = ChatTemplate::new(None, "", "").unwrap();
+        let p = t
+            .render(&[Message {
+                role: "user".into(),
+                content: "hi".into(),
+            }])
+            .unwrap();
+        assert_eq!(p, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn raise_exception_is_an_error_not_a_panic() {
+        let t = ChatTemplate::new(Some("{{ raise_exception('no system role') }}"), "", "").unwrap();
+        let e = t.render(&[]).unwrap_err();
+        assert!(e.contains("no system role"), "{e}");
+    }
+}

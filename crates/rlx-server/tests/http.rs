@@ -1,0 +1,732 @@
+//! `rlx serve` on loopback, against the library on the real models (skipped
+//! when they are not fetched): embeddings bit for bit (float and base64,
+//! `dimensions`), greedy completions equal to the `rlx generate` loop, chat
+//! and streaming, stop strings, logprobs, tokenize, error cases (each a
+//! 4xx, the server staying up), 32 concurrent mixed clients each getting
+//! its single-client answer, a client leaving mid-stream, the queue-full
+//! 429 path and the drain on shutdown.
+//!
+//! The client is a few lines of HTTP/1.1 over `std::net::TcpStream`.
+
+use base64::Engine as _;
+use rlx::models::gguf_tokenizer::GgufTokenizer;
+use rlx::models::llama::LlamaModel;
+use rlx::models::sampling::{Sampler, SamplerConfig};
+use rlx::models::SentenceEmbedder;
+use rlx_server::{Server, ServerConfig};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+const CTX: usize = 512;
+
+fn models() -> PathBuf {
+    std::env::var_os("RLX_MODELS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models")))
+        .unwrap_or_default()
+}
+
+fn minilm() -> PathBuf {
+    models().join("all-minilm-l6-v2")
+}
+
+fn smollm2() -> PathBuf {
+    models().join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn have_models() -> bool {
+    let ok = minilm().join("model.safetensors").exists() && smollm2().exists();
+    if !ok {
+        println!("skipped: models not fetched (run python3 scripts/fetch_models.py all)");
+    }
+    ok
+}
+
+fn config() -> ServerConfig {
+    ServerConfig {
+        embed_model: Some(minilm()),
+        llm: Some(smollm2()),
+        port: 0,
+        ctx: CTX,
+        max_concurrent: 4,
+        queue: 64,
+        timeout: Duration::from_secs(60),
+        ..Default::default()
+    }
+}
+
+/// One server for the tests that share it.
+fn shared() -> SocketAddr {
+    static S: OnceLock<SocketAddr> = OnceLock::new();
+    *S.get_or_init(|| {
+        let s = Server::start(config()).expect("start");
+        s.wait_ready(Duration::from_secs(120)).expect("ready");
+        let a = s.addr();
+        std::mem::forget(s); // lives until the test process ends
+        a
+    })
+}
+
+struct Resp {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Resp {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn send(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).ok();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    // A server may answer (413) before reading a huge body.
+    let _ = s.write_all(body);
+    s
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(i) = b.windows(2).position(|w| w == b"\r\n") else {
+            return out;
+        };
+        let n = usize::from_str_radix(std::str::from_utf8(&b[..i]).unwrap().trim(), 16).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[i + 2..i + 2 + n]);
+        b = &b[i + 2 + n + 2..];
+    }
+}
+
+fn request(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> Resp {
+    let mut s = send(addr, method, path, body);
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head");
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut lines = head.lines();
+    let status: u16 = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    if headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"))
+    {
+        body = dechunk(&body);
+    }
+    Resp {
+        status,
+        headers,
+        body: String::from_utf8(body).unwrap(),
+    }
+}
+
+fn post(addr: SocketAddr, path: &str, v: &Value) -> Resp {
+    request(addr, "POST", path, v.to_string().as_bytes())
+}
+
+fn get(addr: SocketAddr, path: &str) -> Resp {
+    request(addr, "GET", path, b"")
+}
+
+/// The `data:` payloads of an SSE body.
+fn events(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+/// The `rlx generate` loop (prefill, greedy sampler, stop at the end of
+/// generation), as text.
+fn reference_greedy(prompt: &str, max_tokens: usize) -> String {
+    static M: OnceLock<std::sync::Mutex<(LlamaModel, GgufTokenizer)>> = OnceLock::new();
+    let m = M.get_or_init(|| {
+        let f = rlx::formats::GgufFile::open(smollm2()).unwrap();
+        let tok = GgufTokenizer::from_gguf(&f).unwrap();
+        let opts = rlx::cpu::CpuOptions {
+            hybrid: true,
+            ..Default::default()
+        };
+        std::sync::Mutex::new((LlamaModel::load_with(smollm2(), CTX, opts).unwrap(), tok))
+    });
+    let mut g = m.lock().unwrap();
+    let (model, tok) = &mut *g;
+    let ids = tok.encode(prompt, tok.add_bos_default()).unwrap();
+    let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+    let mut history = ids.clone();
+    let mut logits = model.prefill(&ids).unwrap();
+    let mut out = Vec::new();
+    for n in 1..=max_tokens {
+        let id = sampler.sample(&logits, &history).unwrap();
+        if tok.is_end_of_generation(id) {
+            break;
+        }
+        history.push(id);
+        out.push(id);
+        if n == max_tokens {
+            break;
+        }
+        logits = model.decode(id).unwrap();
+    }
+    tok.decode(&out).unwrap()
+}
+
+fn library_embed(texts: &[&str]) -> Vec<Vec<f32>> {
+    static E: OnceLock<std::sync::Mutex<SentenceEmbedder>> = OnceLock::new();
+    E.get_or_init(|| std::sync::Mutex::new(SentenceEmbedder::load(minilm()).unwrap()))
+        .lock()
+        .unwrap()
+        .embed(texts)
+        .unwrap()
+}
+
+#[test]
+fn embeddings_float_base64_and_dimensions_match_the_library() {
+    if !have_models() {
+        return;
+    }
+    let a = shared();
+    let text = "The quick brown fox jumps over the lazy dog.";
+    let want = library_embed(&[text]);
+    let r = post(
+        a,
+        "/v1/embeddings",
+        &json!({"input": text, "model": "all-minilm-l6-v2"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(floats(&v["data"][0]["embedding"]), want[0], "bit for bit");
+    assert_eq!(v["usage"]["prompt_tokens"], 12);
+    // base64: little-endian f32, the same bits.
+    let r = post(
+        a,
+        "/v1/embeddings",
+        &json!({"input": [text], "encoding_format": "base64"}),
+    );
+    let b64 = r.json()["data"][0]["embedding"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .unwrap();
+    let got: Vec<f32> = bytes
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, want[0]);
+    // dimensions: the first 64, re-normalized.
+    let r = post(
+        a,
+        "/v1/embeddings",
+        &json!({"input": text, "dimensions": 64}),
+    );
+    let got = floats(&r.json()["data"][0]["embedding"]);
+    assert_eq!(got.len(), 64);
+    let n: f32 = want[0][..64].iter().map(|x| x * x).sum::<f32>().sqrt();
+    for (g, w) in got.iter().zip(&want[0][..64]) {
+        assert!((g - w / n).abs() < 1e-6, "{g} vs {}", w / n);
+    }
+    assert!((got.iter().map(|x| x * x).sum::<f32>() - 1.0).abs() < 1e-5);
+    // A list in order, and token ids (with [CLS]/[SEP]) as the text.
+    let texts = [
+        "first sentence",
+        "a second, somewhat longer sentence here",
+        "third",
+    ];
+    let r = post(a, "/v1/embeddings", &json!({"input": texts}));
+    let v = r.json();
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(v["data"][i]["index"], i);
+        assert_eq!(
+            floats(&v["data"][i]["embedding"]),
+            library_embed(&[t])[0],
+            "input {i}"
+        );
+    }
+    let ids = post(
+        a,
+        "/tokenize",
+        &json!({"model": "all-minilm-l6-v2", "prompt": text}),
+    )
+    .json();
+    let r = post(a, "/v1/embeddings", &json!({"input": ids["tokens"]}));
+    assert_eq!(floats(&r.json()["data"][0]["embedding"]), want[0]);
+}
+
+#[test]
+fn completions_are_greedy_ids_of_rlx_generate_with_stop_and_stream() {
+    if !have_models() {
+        return;
+    }
+    let a = shared();
+    let prompt = "The history of computing is";
+    let want = reference_greedy(prompt, 16);
+    let req = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": prompt,
+        "max_tokens": 16, "temperature": 0});
+    let r = post(a, "/v1/completions", &req);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["choices"][0]["text"], want.as_str());
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 16);
+    // Streaming gives the same text in pieces, then [DONE].
+    let mut s = req.clone();
+    s["stream"] = json!(true);
+    s["stream_options"] = json!({"include_usage": true});
+    let r = post(a, "/v1/completions", &s);
+    assert!(r
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let ev = events(&r.body);
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, want);
+    assert!(chunks.len() > 3, "streamed in pieces");
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 16);
+    // A stop string cuts the text before it.
+    let words: Vec<&str> = want.split_inclusive(' ').collect();
+    assert!(words.len() > 3, "{want:?}");
+    let stop = words[2].trim();
+    let cut = &want[..want.find(stop).unwrap()];
+    let mut st = req.clone();
+    st["stop"] = json!([stop]);
+    let v = post(a, "/v1/completions", &st).json();
+    assert_eq!(v["choices"][0]["text"], cut);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    st["stream"] = json!(true);
+    let r = post(a, "/v1/completions", &st);
+    let text: String = events(&r.body)
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(text, cut);
+    // Logprobs: greedy picks the top alternative; all are <= 0.
+    let mut lp = req.clone();
+    lp["logprobs"] = json!(3);
+    lp["max_tokens"] = json!(4);
+    let v = post(a, "/v1/completions", &lp).json();
+    let l = &v["choices"][0]["logprobs"];
+    for i in 0..4 {
+        let chosen = l["token_logprobs"][i].as_f64().unwrap();
+        let top: Vec<f64> = l["top_logprobs"][i]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        assert_eq!(top.len(), 3);
+        assert!(
+            chosen <= 0.0 && top.iter().all(|&t| t <= chosen + 1e-6),
+            "{chosen} {top:?}"
+        );
+    }
+}
+
+#[test]
+fn chat_uses_the_gguf_template_and_streams_the_same_text() {
+    if !have_models() {
+        return;
+    }
+    let a = shared();
+    let msgs = json!([{"role": "user", "content": "What is the capital of France?"}]);
+    // The prompt is the template's: the model's own system turn, then ours.
+    let t = post(a, "/tokenize", &json!({"messages": msgs})).json();
+    let d = post(a, "/detokenize", &json!({"tokens": t["tokens"]})).json();
+    let prompt = d["prompt"].as_str().unwrap();
+    assert!(prompt.starts_with("<|im_start|>system\n"), "{prompt}");
+    assert!(prompt.ends_with(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    ));
+    let req = json!({"messages": msgs, "max_tokens": 24, "temperature": 0});
+    let v = post(a, "/v1/chat/completions", &req).json();
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(text.contains("Paris"), "{text}");
+    assert_eq!(
+        v["choices"][0]["finish_reason"], "stop",
+        "ends at <|im_end|>"
+    );
+    assert_eq!(v["usage"]["prompt_tokens"], t["count"]);
+    let mut s = req.clone();
+    s["stream"] = json!(true);
+    let r = post(a, "/v1/chat/completions", &s);
+    let ev = events(&r.body);
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, text);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "stop"
+    );
+    // Logprobs in chat form.
+    let mut lp = req.clone();
+    lp["logprobs"] = json!(true);
+    lp["top_logprobs"] = json!(2);
+    lp["max_tokens"] = json!(3);
+    let v = post(a, "/v1/chat/completions", &lp).json();
+    let c = &v["choices"][0]["logprobs"]["content"];
+    assert_eq!(c.as_array().unwrap().len(), 3);
+    assert_eq!(
+        c[0]["top_logprobs"][0]["logprob"], c[0]["logprob"],
+        "greedy = top-1"
+    );
+}
+
+#[test]
+fn bad_requests_get_4xx_and_the_server_stays_up() {
+    if !have_models() {
+        return;
+    }
+    let a = shared();
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("/v1/embeddings", b"{not json".to_vec(), 400),
+        ("/v1/embeddings", br#"{"input": 5}"#.to_vec(), 400),
+        ("/v1/embeddings", br#"{"input": ""}"#.to_vec(), 400),
+        ("/v1/embeddings", br#"{"input": []}"#.to_vec(), 400),
+        ("/v1/embeddings", br#"{"input": [[]]}"#.to_vec(), 400),
+        (
+            "/v1/embeddings",
+            br#"{"input": [101, 99999999]}"#.to_vec(),
+            400,
+        ),
+        ("/v1/embeddings", br#"{"input": [101, -1]}"#.to_vec(), 400),
+        (
+            "/v1/embeddings",
+            format!("{{\"input\": {:?}}}", vec![101; 600]).into_bytes(),
+            400,
+        ),
+        (
+            "/v1/embeddings",
+            br#"{"input": "x", "model": "nope"}"#.to_vec(),
+            404,
+        ),
+        (
+            "/v1/embeddings",
+            br#"{"input": "x", "dimensions": 0}"#.to_vec(),
+            400,
+        ),
+        (
+            "/v1/embeddings",
+            br#"{"input": "x", "encoding_format": "hex"}"#.to_vec(),
+            400,
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "max_tokens": -1}"#.to_vec(),
+            400,
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "max_tokens": "ten"}"#.to_vec(),
+            400,
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "max_tokens": 100000}"#.to_vec(),
+            400,
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "temperature": -1}"#.to_vec(),
+            400,
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": [1, 99999999]}"#.to_vec(),
+            400,
+        ),
+        ("/v1/completions", br#"{"prompt": {"a": 1}}"#.to_vec(), 400),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "model": "gpt-4"}"#.to_vec(),
+            404,
+        ),
+        (
+            "/v1/completions",
+            br#"{"prompt": "x", "n": 2}"#.to_vec(),
+            400,
+        ),
+        ("/v1/chat/completions", br#"{"messages": []}"#.to_vec(), 400),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": "hi"}"#.to_vec(),
+            400,
+        ),
+        (
+            "/v1/chat/completions",
+            br#"{"messages": [{"role": "user", "content": 3}]}"#.to_vec(),
+            400,
+        ),
+        ("/v1/nope", b"{}".to_vec(), 404),
+        ("/v1/embeddings", vec![b' '; 3 << 20], 413),
+    ];
+    for (path, body, want) in &cases {
+        let r = request(a, "POST", path, body);
+        assert_eq!(
+            r.status,
+            *want,
+            "{path} {}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(60)]),
+            r.body
+        );
+        let e = &r.json()["error"];
+        assert!(
+            e["message"].is_string() && e["type"].is_string() && e["code"].is_string(),
+            "{}",
+            r.body
+        );
+    }
+    assert_eq!(get(a, "/health").status, 200);
+    let m = get(a, "/metrics").body;
+    assert!(
+        m.contains("rlx_requests_total{endpoint=\"/v1/embeddings\",status=\"400\"}"),
+        "{m}"
+    );
+}
+
+#[test]
+fn thirty_two_concurrent_mixed_clients_get_their_single_client_answers() {
+    if !have_models() {
+        return;
+    }
+    let a = shared();
+    let texts: Vec<String> = (0..16)
+        .map(|i| {
+            format!(
+                "sentence number {i} about {}",
+                ["cats", "rust", "the sea", "music"][i % 4]
+            )
+            .repeat(1 + i % 3)
+        })
+        .collect();
+    let questions: Vec<String> = (0..16)
+        .map(|i| format!("Name a colour, please ({i})."))
+        .collect();
+    let chat = |q: &str| json!({"messages": [{"role": "user", "content": q}], "max_tokens": 6, "temperature": 0});
+    // Single-client answers first, one at a time.
+    let want_e: Vec<Vec<f32>> = texts
+        .iter()
+        .map(|t| library_embed(&[t])[0].clone())
+        .collect();
+    let want_c: Vec<String> = questions
+        .iter()
+        .map(|q| {
+            post(a, "/v1/chat/completions", &chat(q)).json()["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let hs: Vec<_> = (0..32)
+        .map(|i| {
+            let (t, q) = (texts[i / 2].clone(), questions[i / 2].clone());
+            let body = if i % 2 == 0 {
+                json!({"input": t})
+            } else {
+                chat(&q)
+            };
+            std::thread::spawn(move || {
+                let path = if i % 2 == 0 {
+                    "/v1/embeddings"
+                } else {
+                    "/v1/chat/completions"
+                };
+                post(a, path, &body)
+            })
+        })
+        .collect();
+    for (i, h) in hs.into_iter().enumerate() {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "client {i}: {}", r.body);
+        if i % 2 == 0 {
+            assert_eq!(
+                floats(&r.json()["data"][0]["embedding"]),
+                want_e[i / 2],
+                "client {i}"
+            );
+        } else {
+            assert_eq!(
+                r.json()["choices"][0]["message"]["content"],
+                want_c[i / 2].as_str(),
+                "client {i}"
+            );
+        }
+    }
+    let m = get(a, "/metrics").body;
+    let batches: f64 = m
+        .lines()
+        .find_map(|l| l.strip_prefix("rlx_embed_batch_size_count "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(batches >= 1.0);
+}
+
+/// A gauge from /metrics (`name` with its labels and a trailing space).
+fn gauge(a: SocketAddr, name: &str) -> i64 {
+    get(a, "/metrics")
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The active-slot gauge from /metrics.
+fn active(a: SocketAddr) -> i64 {
+    gauge(a, "rlx_generation_active_slots ")
+}
+
+#[test]
+fn queue_full_429_disconnect_frees_the_slot_and_shutdown_drains() {
+    if !have_models() {
+        return;
+    }
+    let s = Server::start(ServerConfig {
+        max_concurrent: 1,
+        queue: 1,
+        embed_model: None,
+        ..config()
+    })
+    .unwrap();
+    s.wait_ready(Duration::from_secs(120)).unwrap();
+    let a = s.addr();
+    let long =
+        json!({"prompt": "Write a long story about a dragon.", "max_tokens": 48, "temperature": 0});
+    // One slot and a queue of one: of 6 at once, some are refused with 429.
+    let hs: Vec<_> = (0..6)
+        .map(|_| {
+            let b = long.clone();
+            std::thread::spawn(move || post(a, "/v1/completions", &b))
+        })
+        .collect();
+    let rs: Vec<Resp> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    let refused: Vec<&Resp> = rs.iter().filter(|r| r.status == 429).collect();
+    assert!(
+        !refused.is_empty(),
+        "no 429 among {:?}",
+        rs.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    assert!(rs.iter().all(|r| r.status == 200 || r.status == 429));
+    assert_eq!(refused[0].header("retry-after"), Some("1"));
+    assert_eq!(refused[0].json()["error"]["code"], "queue_full");
+    // It recovers.
+    let ok = post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 2, "temperature": 0}),
+    );
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    // A client leaving mid-stream frees the slot at once.
+    // (Counting goes on for all 400 tokens: no early end of generation.)
+    let st =
+        json!({"prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": 400, "temperature": 0, "stream": true});
+    let conn = send(a, "POST", "/v1/completions", st.to_string().as_bytes());
+    let mut rd = BufReader::new(conn);
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        rd.read_line(&mut line).unwrap();
+    }
+    assert_eq!(active(a), 1);
+    drop(rd);
+    let t = std::time::Instant::now();
+    while active(a) != 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the slot was not freed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let m = get(a, "/metrics").body;
+    assert!(m.contains("rlx_disconnects_total 1"), "{m}");
+    // Shutdown with requests in flight: all of them complete.
+    let hs: Vec<_> = (0..2)
+        .map(|_| {
+            let b = json!({"prompt": "Count to ten:", "max_tokens": 12, "temperature": 0});
+            std::thread::spawn(move || post(a, "/v1/completions", &b))
+        })
+        .collect();
+    let t = std::time::Instant::now();
+    while active(a) == 0 || gauge(a, "rlx_queue_depth{queue=\"generation\"} ") == 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the requests did not arrive"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    s.shutdown().unwrap();
+    for h in hs {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["usage"]["completion_tokens"], 12);
+    }
+    assert!(
+        TcpStream::connect(a).is_err(),
+        "still accepting after shutdown"
+    );
+}
