@@ -35,7 +35,7 @@
 #![cfg(feature = "cuda")]
 
 mod common;
-use common::assert_close;
+use common::{assert_close, cuda_or_skip};
 use rlx::cuda::{CudaModel, CudaOptions};
 use rlx::ir::{Graph, Op, Tensor};
 use rlx::models::bert::{build_graph, synthetic_params, BertConfig, BertOutputs};
@@ -43,16 +43,6 @@ use rlx::runtime::{Executable, TensorRef};
 use rlx::{Device, ExecMode, Precision, Session};
 use std::path::PathBuf;
 use std::sync::Arc;
-
-fn cuda_or_skip() -> bool {
-    match rlx::cuda::cuda_available() {
-        Ok(_) => true,
-        Err(why) => {
-            println!("skipped: no CUDA device ({why})");
-            false
-        }
-    }
-}
 
 fn optimized(g: &Graph) -> Graph {
     let opt = rlx::opt::OptOptions {
