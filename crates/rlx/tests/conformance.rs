@@ -213,6 +213,11 @@ fn run_suite(backend: Backend) {
             }
             continue;
         }
+        #[cfg(feature = "cuda")]
+        if let (Backend::Cuda(Precision::F16), Some(why)) = (backend, case.no_f16) {
+            println!("{}: not run in f16 ({why})", case.name);
+            continue;
+        }
         let base = if backend.is_hybrid_cpu() {
             match run(&thunks, &case, &b) {
                 Ok(t) => Some(t),

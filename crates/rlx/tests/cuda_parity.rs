@@ -15,13 +15,11 @@ mod common;
 use common::{
     assert_close, cuda_or_skip, every_kth, random_bindings, random_graph, run_compiled, tref, Rng,
 };
-use rlx::hybrid::SplitPolicy;
-use rlx::ir::op::{Activation, BinaryOp, MaskKind, ReduceOp, RopeStyle};
+use rlx::ir::op::{Activation, MaskKind, RopeStyle};
 use rlx::ir::{DType, Graph, NodeId, Op, Shape, Tensor};
-use rlx::{Device, Error, ExecMode, Session};
+use rlx::{Device, ExecMode, Session};
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 fn as_f32(t: &Tensor) -> Vec<f32> {
@@ -55,6 +53,18 @@ fn run_on(session: &Session, g: &Graph, b: &HashMap<String, Tensor>) -> Vec<Vec<
         assert!(same && x.len() == y.len(), "{}: second run differs", g.name);
     }
     outs
+}
+
+/// CPU thunks vs CUDA thunks and CUDA hybrid.
+fn check(g: &Graph, seed: u64, rel: f32) {
+    let b = random_bindings(g, &mut Rng::new(seed), 1.0);
+    let want = run_on(&Session::new(Device::Cpu), g, &b);
+    for mode in [ExecMode::Thunks, ExecMode::Hybrid] {
+        let got = run_on(&Session::new(Device::Cuda(0)).mode(mode), g, &b);
+        for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+            assert_close(x, y, rel, &format!("{} {mode:?} output {i}", g.name));
+        }
+    }
 }
 
 /// `DequantMatMul` with f32 activations.

@@ -737,3 +737,83 @@ fn gdn_with_a_mixed_row_producer_keeps_compiled_segments_on_both_sides() {
     }
     check_all(&g, &random_bindings(&g, &mut Rng::new(25), 0.5), 1e-5, 1e-4);
 }
+
+/// Rope (positions `[S]` and `[B, S]`) and last-axis Concat run inside a
+/// CPU compiled segment, bit for bit equal to the thunks; Transpose,
+/// Expand and dtype-changing Cast stay out with a reason naming why.
+#[test]
+fn rope_and_concat_are_fused_and_the_rest_say_why_not() {
+    for pos_dims in [vec![5], vec![2, 5]] {
+        let mut g = Graph::new("rope_concat");
+        let x = g.input("x", Shape::f32(&[2, 5, 16]));
+        let pos = g.input("pos", Shape::new(&pos_dims, DType::I64));
+        let w = g.param("w", Shape::f32(&[16, 16]));
+        let h = g.push(Op::MatMul, vec![x, w]).unwrap();
+        let rope = Op::Rope {
+            head_dim: 8,
+            n_rot: 6,
+            theta: 10000.0,
+            style: rlx::ir::op::RopeStyle::NeoX,
+        };
+        let r = g.push(rope, vec![h, pos]).unwrap();
+        let c = g.push(Op::Concat { axis: 2 }, vec![r, x]).unwrap();
+        let y = g.push(Op::Activation(Activation::Silu), vec![c]).unwrap();
+        g.set_outputs(vec![y]);
+        let m = hybrid().compile(g.clone()).unwrap();
+        let st = m.plan_stats();
+        assert_eq!(
+            (st.compiled_segments, st.thunk_ranges),
+            (1, 0),
+            "{:#?}",
+            m.plan_report()
+        );
+        let mut b = random_bindings(&g, &mut Rng::new(26), 1.0);
+        let n: usize = pos_dims.iter().product();
+        b.insert(
+            "pos".into(),
+            Tensor::i64(&pos_dims, (0..n as i64).map(|i| i * 131 % 2048).collect()),
+        );
+        let t = run_session(&thunks(), &g, &b);
+        let h = run_session(&hybrid(), &g, &b);
+        assert_eq!(h, t, "hybrid == thunks bit for bit");
+        assert_close(&t[0], &reference(&g, &b)[0], 1e-4, "thunks vs reference");
+    }
+    let mut g = Graph::new("not_fused");
+    let x = g.input("x", Shape::f32(&[2, 3, 4]));
+    let t = g
+        .push(
+            Op::Transpose {
+                perm: vec![1, 0, 2],
+            },
+            vec![x],
+        )
+        .unwrap();
+    let e = g
+        .push(
+            Op::Expand {
+                shape: vec![2, 3, 2, 4],
+            },
+            vec![t],
+        )
+        .unwrap();
+    let c = g.push(Op::Cast { to: DType::I32 }, vec![e]).unwrap();
+    g.set_outputs(vec![c]);
+    let m = hybrid().compile(g).unwrap();
+    let reasons: Vec<String> = m
+        .plan_report()
+        .ranges
+        .iter()
+        .flat_map(|r| &r.ops)
+        .map(|o| format!("{}: {}", o.op, o.reason))
+        .collect();
+    for want in [
+        "Transpose reorders rows",
+        "Expand materializes",
+        "changes the dtype",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r.contains(want)),
+            "{want}: {reasons:?}"
+        );
+    }
+}
