@@ -294,53 +294,15 @@ fn erf64(x: f64) -> f64 {
     }
 }
 
+/// The f64 activations `fused_matmul_bias_act` uses. Every activation
+/// against the reference interpreter, at widths that take the parallel and
+/// SIMD paths, is in the conformance suite (`crates/rlx/tests/conformance.rs`).
 fn act64(act: Activation, x: f64) -> f64 {
     match act {
-        Activation::Relu => {
-            if x.is_nan() {
-                x
-            } else {
-                x.max(0.0)
-            }
-        }
+        Activation::Relu => x.max(0.0),
         Activation::Gelu => x * 0.5 * (1.0 + erf64(x / std::f64::consts::SQRT_2)),
-        Activation::GeluTanh => {
-            let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
-            0.5 * x * (1.0 + u.tanh())
-        }
         Activation::Silu => x / (1.0 + (-x).exp()),
-        Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
-        Activation::Tanh => x.tanh(),
-        Activation::Exp => x.exp(),
-        Activation::Neg => -x,
-        Activation::Sqrt => x.sqrt(),
-        Activation::Rsqrt => 1.0 / x.sqrt(),
-        Activation::Abs => x.abs(),
-        Activation::Softplus => x.exp().ln_1p(),
-    }
-}
-
-#[test]
-fn activations_match_f64() {
-    let mut rng = Rng::new(5);
-    for &n in &[1usize, 7, 33, 20_000] {
-        let mut x: Vec<f32> = rng.vec(n).iter().map(|v| v * 6.0).collect();
-        if n >= 7 {
-            x[0] = f32::NAN;
-            x[1] = 0.0;
-            x[2] = -0.0;
-            x[3] = 30.0;
-            x[4] = -30.0;
-        }
-        for act in Activation::ALL {
-            let xin: Vec<f32> = match act {
-                Activation::Sqrt | Activation::Rsqrt => x.iter().map(|v| v.abs() + 0.01).collect(),
-                _ => x.clone(),
-            };
-            let want: Vec<f64> = xin.iter().map(|&v| act64(act, v as f64)).collect();
-            let got = run_f32(&Op::Activation(act), &[(&xin, &[n])], &[n]);
-            assert_close(&got, &want, 1e-5);
-        }
+        other => panic!("act64 has no formula for {other:?}"),
     }
 }
 

@@ -277,6 +277,12 @@ fn elementwise(c: &mut Vec<Case>) {
             Op::Activation(act),
             &[("x", f(&[3, 33]), false)],
         )));
+        // Wide enough for the CPU's chunked parallel path and SIMD tails.
+        c.push(Case::new(one(
+            &format!("act_{act:?}_wide"),
+            Op::Activation(act),
+            &[("x", f(&[3, 4099]), false)],
+        )));
         // NaN, zero and large values beside ordinary ones.
         let mut v: Vec<f32> = (0..7).map(|i| i as f32 * 0.37 - 1.1).collect();
         v.extend([f32::NAN, 0.0, 9.0, -9.0, 30.0]);
