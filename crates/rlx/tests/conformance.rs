@@ -48,6 +48,8 @@ fn tolerance(p: Precision) -> f32 {
 const HYBRID_VS_THUNKS: f32 = 1e-5;
 
 /// A backend configuration of the suite.
+// Without the `cuda` feature only the CPU variants exist.
+#[cfg_attr(not(feature = "cuda"), allow(clippy::enum_variant_names))]
 #[derive(Debug, Clone, Copy)]
 enum Backend {
     /// CPU, one thunk per op.
