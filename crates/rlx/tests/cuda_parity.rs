@@ -13,13 +13,13 @@
 
 mod common;
 use common::{
-    assert_close, cuda_or_skip, every_kth, random_bindings, random_graph, run_compiled, tref, Rng,
+    assert_close, cuda_or_skip, every_kth, minilm_dir, minilm_reference, random_bindings,
+    random_graph, run_compiled, tref, Rng,
 };
 use rlx::ir::op::{Activation, MaskKind, RopeStyle};
 use rlx::ir::{DType, Graph, NodeId, Op, Shape, Tensor};
 use rlx::{Device, ExecMode, Session};
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 fn as_f32(t: &Tensor) -> Vec<f32> {
@@ -172,57 +172,19 @@ fn hybrid_is_fewer_dispatches_and_errors_are_typed() {
     );
 }
 
-fn model_dir() -> Option<PathBuf> {
-    let root = std::env::var_os("RLX_MODELS_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models")))?;
-    let dir = root.join("all-minilm-l6-v2");
-    dir.join("model.safetensors").exists().then_some(dir)
-}
-
-fn reference_json() -> serde_json::Value {
-    let rel = "crates/rlx-models/tests/data/minilm_embeddings.json";
-    let here = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../rlx-models/tests/data/minilm_embeddings.json"
-    );
-    let text = std::fs::read_to_string(here)
-        .or_else(|_| std::fs::read_to_string(rel))
-        .expect("reference embeddings file");
-    serde_json::from_str(&text).unwrap()
-}
-
 #[test]
 fn minilm_embeddings_match_pytorch_on_cuda() {
     if !cuda_or_skip() {
         return;
     }
-    let Some(dir) = model_dir() else {
+    let Some(dir) = minilm_dir() else {
         println!("skipped: model not fetched (set RLX_MODELS_DIR)");
         return;
     };
     use rlx::models::bert::{build_graph, BertOutputs};
     use rlx::models::{EmbedOptions, SentenceEmbedder};
     use rlx::runtime::Executable;
-    let v = reference_json();
-    let texts: Vec<String> = v["sentences"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_string())
-        .collect();
-    let want: Vec<Vec<f32>> = v["embeddings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            e.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect()
-        })
-        .collect();
+    let (texts, want) = minilm_reference();
     let opts = EmbedOptions {
         hybrid: false,
         threads: None,

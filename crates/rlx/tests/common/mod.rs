@@ -2,37 +2,16 @@
 #![allow(dead_code)]
 
 pub mod cases;
+mod rng;
+pub use rng::Rng;
+#[path = "../../../rlx-models/tests/support/reference.rs"]
+pub mod pytorch_reference;
 mod random_graph;
 #[allow(unused_imports)]
 pub use random_graph::{every_kth, random_graph};
 
 use rlx::ir::{DType, Graph, Op, Tensor};
 use std::collections::HashMap;
-
-/// A small xorshift generator: deterministic data without a rand dependency.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Uniform in [-1, 1).
-    pub fn f32(&mut self) -> f32 {
-        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n).map(|_| self.f32() * scale).collect()
-    }
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
 
 /// Random values for every leaf Input/Param of `g`: f32 uniform in
 /// `[-scale, scale]` (a leaf whose name starts with `keep` gets a `[B, S]`
@@ -146,6 +125,33 @@ pub fn cuda_or_skip() -> bool {
             false
         }
     }
+}
+
+/// The fetched all-MiniLM-L6-v2 directory (`RLX_MODELS_DIR`, default
+/// `~/.cache/rlx/models`), if its weights are there.
+pub fn minilm_dir() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let root = std::env::var_os("RLX_MODELS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models")))?;
+    let dir = root.join("all-minilm-l6-v2");
+    dir.join("model.safetensors").exists().then_some(dir)
+}
+
+/// The PyTorch reference of all-MiniLM-L6-v2
+/// (`crates/rlx-models/tests/data/minilm_embeddings.json`, read with the
+/// parser the rlx-models parity tests use): sentences and embeddings.
+pub fn minilm_reference() -> (Vec<String>, Vec<Vec<f32>>) {
+    let rel = "crates/rlx-models/tests/data/minilm_embeddings.json";
+    let here = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../rlx-models/tests/data/minilm_embeddings.json"
+    );
+    let text = std::fs::read_to_string(here)
+        .or_else(|_| std::fs::read_to_string(rel))
+        .expect("reference embeddings file");
+    let cases = pytorch_reference::parse_minilm_embeddings(&text).expect("reference embeddings");
+    cases.into_iter().map(|c| (c.text, c.emb)).unzip()
 }
 
 /// Reference-interpreter outputs as f32 vectors.
