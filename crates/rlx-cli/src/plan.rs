@@ -341,6 +341,9 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
             (None, None) => break,
         }
     }
+    for (n, why) in &r.split {
+        println!("  split: the segment from {n} was declined whole ({why}); compiled as the pieces above");
+    }
     println!(
         "compiled segments {}, thunk ranges {}, dispatches {} (thunks only: {})",
         r.compiled_segments, r.thunk_ranges, r.dispatches, r.dispatches_thunks_only

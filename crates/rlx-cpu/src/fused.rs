@@ -25,6 +25,7 @@
 
 use crate::fused_cost::{llc_bytes, SegmentTraffic};
 use crate::kernels::packed_gemm::{gemm_packed, PackedB};
+use crate::kernels::rope::{rope_rows_inplace, rope_tables, RopeSpec};
 use crate::kernels::{elementwise, matmul, norm, softmax, In, Out};
 use rayon::prelude::*;
 use rlx_ir::{Activation, BinaryOp, DType, Graph, Node, NodeId, Op, ReduceOp, Shape};
@@ -93,10 +94,41 @@ impl SegmentCompiler for FusedCompiler {
     }
 
     fn claims(&self, g: &Graph, n: &Node) -> Result<(), String> {
+        let ids_ok = |k: usize| matches!(g.node(n.inputs[k]).shape.dtype, DType::I64 | DType::I32);
+        match &n.op {
+            Op::Cast { to } if g.node(n.inputs[0]).shape.dtype != *to => {
+                return Err(format!(
+                    "Cast {} -> {to} changes the dtype: fused plans hold f32 scratch only",
+                    g.node(n.inputs[0]).shape.dtype
+                ))
+            }
+            Op::Transpose { .. } => {
+                return Err(
+                    "Transpose reorders rows: a fused plan runs row-local ops over row chunks"
+                        .into(),
+                )
+            }
+            Op::Expand { .. } => {
+                return Err(
+                    "Expand materializes broadcast rows: a fused plan reads broadcast \
+                            operands of its Binary ops in place instead"
+                        .into(),
+                )
+            }
+            Op::Concat { axis } if *axis + 1 != n.shape.rank() => {
+                return Err(format!(
+                    "Concat over axis {axis} interleaves rows: only last-axis Concat is fused"
+                ))
+            }
+            Op::Rope { .. } if !ids_ok(1) => return Err("Rope positions are not i32/i64".into()),
+            _ => {}
+        }
         let f32s = n.shape.dtype == DType::F32
-            && n.inputs
-                .iter()
-                .all(|&i| g.node(i).shape.dtype == DType::F32 || matches!(n.op, Op::Gather { .. }));
+            && n.inputs.iter().enumerate().all(|(k, &i)| {
+                g.node(i).shape.dtype == DType::F32
+                    || matches!(n.op, Op::Gather { .. })
+                    || matches!(n.op, Op::Rope { .. }) && k == 1
+            });
         if !f32s {
             return Err("only f32 row-local ops are fused".into());
         }
@@ -147,6 +179,14 @@ impl SegmentCompiler for FusedCompiler {
             Op::Gather { axis: 0 } if in_shape(0).rank() == 2 && is_weight(g, n.inputs[0]) => {
                 Ok(())
             }
+            // Each row rotates by its own position (positions [S] repeat
+            // over the batch, [B, S] give one per row).
+            Op::Rope { head_dim, .. }
+                if n.shape.rank() == 3 && n.shape.last_dim().is_multiple_of(*head_dim) =>
+            {
+                Ok(())
+            }
+            Op::Concat { .. } => Ok(()),
             other => Err(format!("{} is not row-local", other.name())),
         }
     }
@@ -241,6 +281,19 @@ enum FOp {
         vocab: usize,
         out: usize,
     },
+    Rope {
+        spec: RopeSpec,
+        x: View,
+        /// Boundary input holding the positions.
+        pos: usize,
+        /// Row `r` reads position `r % period`.
+        period: usize,
+        out: usize,
+    },
+    Concat {
+        parts: Vec<View>,
+        out: usize,
+    },
 }
 
 impl FOp {
@@ -254,7 +307,9 @@ impl FOp {
             | FOp::Softmax { out, .. }
             | FOp::ReduceRow { out, .. }
             | FOp::SwiGlu { out, .. }
-            | FOp::Gather { out, .. } => out,
+            | FOp::Gather { out, .. }
+            | FOp::Rope { out, .. }
+            | FOp::Concat { out, .. } => out,
         }
     }
 }
@@ -589,6 +644,42 @@ impl FusedPlan {
                         }),
                         local(s),
                     )
+                }
+                Op::Rope {
+                    head_dim,
+                    n_rot,
+                    theta,
+                    style,
+                } => {
+                    let x = v(0)?;
+                    let p = g.node(n.inputs[1]).shape.numel();
+                    if p == 0 || rows % p != 0 {
+                        return Err(format!(
+                            "node {parent}: {p} positions do not tile the segment's {rows} rows"
+                        ));
+                    }
+                    let s = reuse(x).unwrap_or_else(|| new_slot(&mut slots, &mut slot_value));
+                    let spec = RopeSpec {
+                        head_dim: *head_dim,
+                        n_rot: *n_rot,
+                        theta: *theta,
+                        style: *style,
+                    };
+                    (
+                        Some(FOp::Rope {
+                            spec,
+                            x,
+                            pos: ext_index(1)?,
+                            period: p,
+                            out: s,
+                        }),
+                        local(s),
+                    )
+                }
+                Op::Concat { .. } => {
+                    let parts = (0..n.inputs.len()).map(v).collect::<Result<Vec<_>, _>>()?;
+                    let s = new_slot(&mut slots, &mut slot_value);
+                    (Some(FOp::Concat { parts, out: s }), local(s))
                 }
                 other => return Err(format!("node {parent}: {} is not lowered", other.name())),
             };
@@ -1121,6 +1212,51 @@ fn run_fop(
                 let id = id as usize;
                 o[r * width..(r + 1) * width].copy_from_slice(&t[id * width..(id + 1) * width]);
             }
+            bufs[out] = o;
+        }
+        FOp::Rope {
+            ref spec,
+            x,
+            pos,
+            period,
+            out,
+        } => {
+            let mut o = take(bufs, out);
+            let w = x.width;
+            if x.src != Src::Slot(out) {
+                let src: &[Vec<f32>] = bufs;
+                for_rows(&mut o, w, nr, false, |r, row| {
+                    row.copy_from_slice(rowf(&x, ins, src, r0, r)?);
+                    Ok(())
+                })?;
+            }
+            let at = |r: usize| (r0 + r) % period;
+            let positions: Vec<i64> = match ins.get(pos) {
+                Some(In::I64(v)) if v.len() == period => (0..nr).map(|r| v[at(r)]).collect(),
+                Some(In::I32(v)) if v.len() == period => {
+                    (0..nr).map(|r| i64::from(v[at(r)])).collect()
+                }
+                _ => return Err(format!("rope positions are not {period} i32/i64 values")),
+            };
+            // The same tables (f64 angles) as the Rope thunk, for this
+            // chunk's rows: hybrid equals thunks bit for bit.
+            let (cos, sin) = rope_tables(spec, &positions);
+            rope_rows_inplace(spec, &mut o[..nr * w], w, &cos, &sin, |r| r)
+                .map_err(|e| e.to_string())?;
+            bufs[out] = o;
+        }
+        FOp::Concat { ref parts, out } => {
+            let mut o = take(bufs, out);
+            let w: usize = parts.iter().map(|p| p.width).sum();
+            let src: &[Vec<f32>] = bufs;
+            for_rows(&mut o, w, nr, parallel, |r, row| {
+                let mut at = 0;
+                for p in parts {
+                    row[at..at + p.width].copy_from_slice(rowf(p, ins, src, r0, r)?);
+                    at += p.width;
+                }
+                Ok(())
+            })?;
             bufs[out] = o;
         }
     }

@@ -9,24 +9,14 @@ use rlx_formats::{quant::dequantize, GgmlType};
 use rlx_ir::{ActivationPrecision, DType, Graph, Op, QuantScheme, Shape, Tensor, TensorData};
 use std::collections::HashMap;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-    fn f(&mut self) -> f32 {
-        self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
-    }
-}
+#[path = "../../rlx/tests/common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// Random packed rows with finite, varied f16 scales (and mins).
 fn packed(scheme: QuantScheme, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
     let rb = scheme.row_bytes(k).unwrap();
-    let mut w: Vec<u8> = (0..n * rb).map(|_| rng.next() as u8).collect();
+    let mut w: Vec<u8> = (0..n * rb).map(|_| rng.next_u64() as u8).collect();
     let fields: &[usize] = match scheme {
         QuantScheme::Q4_0 | QuantScheme::Q5_0 | QuantScheme::Q8_0 => &[0],
         QuantScheme::Q4_1 | QuantScheme::Q5_1 | QuantScheme::Q4K | QuantScheme::Q5K => &[0, 2],
@@ -37,7 +27,7 @@ fn packed(scheme: QuantScheme, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
     };
     for blk in w.chunks_exact_mut(scheme.block_bytes()) {
         for (i, &o) in fields.iter().enumerate() {
-            let mut v = 0.002 + (rng.next() % 1000) as f32 * 5e-5;
+            let mut v = 0.002 + (rng.next_u64() % 1000) as f32 * 5e-5;
             if i == 1 && matches!(scheme, QuantScheme::Q4_1 | QuantScheme::Q5_1) {
                 v = -v * 8.0;
             }
@@ -61,11 +51,11 @@ fn check_act(
     n: usize,
     seed: u64,
 ) {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let k = *x_dims.last().unwrap();
     let rb = scheme.row_bytes(k).unwrap();
     let m: usize = x_dims[..x_dims.len() - 1].iter().product();
-    let x = Tensor::f32(x_dims, (0..m * k).map(|_| rng.f()).collect());
+    let x = Tensor::f32(x_dims, (0..m * k).map(|_| rng.f32()).collect());
     let w = Tensor::u8(&[n, rb], packed(scheme, n, k, &mut rng));
     let op = Op::DequantMatMul {
         scheme,

@@ -52,6 +52,7 @@ __device__ __forceinline__ float act_apply(int kind, float x) {
     case 9: return 1.0f / sqrtf(x);
     case 10: return fabsf(x);
     case 11: { float m = x > 0.0f ? x : 0.0f; return m + log1pf(expf(-fabsf(x))); } // softplus
+    case 13: { float m = x > 0.0f ? x : 0.0f; return x * tanhf(m + log1pf(expf(-fabsf(x)))); } // mish
     default: return x;                                                     // identity
     }
 }

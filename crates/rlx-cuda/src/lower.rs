@@ -269,6 +269,7 @@ pub(crate) fn act_code(a: Option<Activation>) -> i32 {
         Some(Activation::Rsqrt) => 9,
         Some(Activation::Abs) => 10,
         Some(Activation::Softplus) => 11,
+        Some(Activation::Mish) => 13,
     }
 }
 

@@ -29,7 +29,20 @@ pub fn flops(op: &Op, ins: &[&Shape], out: &Shape) -> u64 {
             let h = *hidden_size as u64;
             2 * n * 4 * (ins[0].last_dim() as u64 + h)
         }
-        _ => 0,
+        // Movement, lookup and leaves: no arithmetic counted. Listed one by
+        // one (no wildcard), so a new op must decide its cost here.
+        Op::Input { .. }
+        | Op::Param { .. }
+        | Op::Constant { .. }
+        | Op::Reshape { .. }
+        | Op::Expand { .. }
+        | Op::Cast { .. }
+        | Op::Gather { .. }
+        | Op::Narrow { .. }
+        | Op::Concat { .. }
+        | Op::Rope { .. }
+        | Op::CacheWrite { .. }
+        | Op::Transpose { .. } => 0,
     }
 }
 

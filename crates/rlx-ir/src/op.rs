@@ -57,11 +57,13 @@ pub enum Activation {
     Abs,
     /// ln(1 + e^x).
     Softplus,
+    /// x * tanh(softplus(x)).
+    Mish,
 }
 
 impl Activation {
     /// Every activation, for tests and property generators.
-    pub const ALL: [Activation; 12] = [
+    pub const ALL: [Activation; 13] = [
         Activation::Relu,
         Activation::Gelu,
         Activation::GeluTanh,
@@ -74,6 +76,7 @@ impl Activation {
         Activation::Rsqrt,
         Activation::Abs,
         Activation::Softplus,
+        Activation::Mish,
     ];
 }
 

@@ -118,5 +118,6 @@ pub fn activation(act: Activation, x: f64) -> f64 {
             // ln(1 + e^x) without overflow: max(x, 0) + ln(1 + e^-|x|).
             x.max(0.0) + (-x.abs()).exp().ln_1p()
         }
+        Activation::Mish => x * (x.max(0.0) + (-x.abs()).exp().ln_1p()).tanh(),
     }
 }

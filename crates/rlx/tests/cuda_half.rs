@@ -35,24 +35,13 @@
 #![cfg(feature = "cuda")]
 
 mod common;
-use common::assert_close;
+use common::{assert_close, cuda_or_skip, minilm_dir, minilm_reference};
 use rlx::cuda::{CudaModel, CudaOptions};
 use rlx::ir::{Graph, Op, Tensor};
 use rlx::models::bert::{build_graph, synthetic_params, BertConfig, BertOutputs};
 use rlx::runtime::{Executable, TensorRef};
 use rlx::{Device, ExecMode, Precision, Session};
-use std::path::PathBuf;
 use std::sync::Arc;
-
-fn cuda_or_skip() -> bool {
-    match rlx::cuda::cuda_available() {
-        Ok(_) => true,
-        Err(why) => {
-            println!("skipped: no CUDA device ({why})");
-            false
-        }
-    }
-}
 
 fn optimized(g: &Graph) -> Graph {
     let opt = rlx::opt::OptOptions {
@@ -60,25 +49,6 @@ fn optimized(g: &Graph) -> Graph {
         ..Default::default()
     };
     rlx::opt::optimize(g, &opt).unwrap().0
-}
-
-fn model_dir() -> Option<PathBuf> {
-    let root = std::env::var_os("RLX_MODELS_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models")))?;
-    let dir = root.join("all-minilm-l6-v2");
-    dir.join("model.safetensors").exists().then_some(dir)
-}
-
-fn reference_json() -> serde_json::Value {
-    let here = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../rlx-models/tests/data/minilm_embeddings.json"
-    );
-    let text = std::fs::read_to_string(here)
-        .or_else(|_| std::fs::read_to_string("crates/rlx-models/tests/data/minilm_embeddings.json"))
-        .expect("reference embeddings file");
-    serde_json::from_str(&text).unwrap()
 }
 
 /// The largest elementwise |a - b|.
@@ -101,30 +71,12 @@ fn minilm_half_precisions_match_pytorch_on_cuda() {
     if !cuda_or_skip() {
         return;
     }
-    let Some(dir) = model_dir() else {
+    let Some(dir) = minilm_dir() else {
         println!("skipped: model not fetched (set RLX_MODELS_DIR)");
         return;
     };
     use rlx::models::{EmbedOptions, SentenceEmbedder};
-    let v = reference_json();
-    let texts: Vec<String> = v["sentences"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_string())
-        .collect();
-    let want: Vec<Vec<f32>> = v["embeddings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            e.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect()
-        })
-        .collect();
+    let (texts, want) = minilm_reference();
     let opts = EmbedOptions {
         hybrid: false,
         threads: None,
@@ -312,30 +264,12 @@ fn sentence_embedder_on_cuda_changes_buckets_and_matches_pytorch() {
     if !cuda_or_skip() {
         return;
     }
-    let Some(dir) = model_dir() else {
+    let Some(dir) = minilm_dir() else {
         println!("skipped: model not fetched (set RLX_MODELS_DIR)");
         return;
     };
     use rlx::models::{EmbedDevice, EmbedOptions, SentenceEmbedder};
-    let v = reference_json();
-    let texts: Vec<String> = v["sentences"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_string())
-        .collect();
-    let want: Vec<Vec<f32>> = v["embeddings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            e.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect()
-        })
-        .collect();
+    let (texts, want) = minilm_reference();
     for (precision, min_cos, max_abs) in [
         (Precision::F32, 0.99999f32, 1e-4f32),
         (Precision::Bf16, 0.999, 1.0),

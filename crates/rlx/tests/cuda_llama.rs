@@ -13,9 +13,23 @@ use rlx::cuda::CudaOptions;
 use rlx::models::llama::{argmax, LlamaDevice, LlamaModel};
 use std::path::PathBuf;
 
+/// Whether a CUDA device is usable (a failure without one under
+/// `RLX_REQUIRE_CUDA=1`, as in `common::cuda_or_skip`).
+fn cuda_or_skip() -> bool {
+    match rlx::cuda::cuda_available() {
+        Ok(_) => true,
+        Err(why) if std::env::var("RLX_REQUIRE_CUDA").is_ok_and(|v| v == "1") => {
+            panic!("RLX_REQUIRE_CUDA=1 but no CUDA device: {why}")
+        }
+        Err(why) => {
+            println!("skipped: no CUDA device ({why})");
+            false
+        }
+    }
+}
+
 fn model_path() -> Option<PathBuf> {
-    if let Err(why) = rlx::cuda::cuda_available() {
-        println!("skipped: no CUDA device ({why})");
+    if !cuda_or_skip() {
         return None;
     }
     let dir = std::env::var_os("RLX_MODELS_DIR")
@@ -179,8 +193,7 @@ fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
 fn fused_decode_steps_match_thunks_and_the_cpu_at_smollm2_dims() {
     use rlx::ir::QuantScheme;
     use rlx::models::llama::{LlamaConfig, LlamaWeights};
-    if let Err(why) = rlx::cuda::cuda_available() {
-        println!("skipped: no CUDA device ({why})");
+    if !cuda_or_skip() {
         return;
     }
     let mut cfg = LlamaConfig::smollm2_135m();

@@ -450,3 +450,370 @@ fn cost_check_keeps_out_segments_that_would_lose() {
     assert_eq!(m.plan_stats().compiled_segments, 1, "{:?}", m.plan_report());
     check_all(&g, &random_bindings(&g, &mut Rng::new(4), 1.0), 1e-6, 1e-5);
 }
+
+// ---------------------------------------------------------------------------
+// The planner against the seeds: declined segments split into compiled
+// pieces, thunks first, mixed row counts, dead segments.
+
+/// The CPU segment compiler, but declining any segment that holds a Tanh
+/// (as a backend without that kernel would).
+struct NoTanh;
+
+impl rlx::hybrid::SegmentCompiler for NoTanh {
+    type Lowered = rlx::cpu::FusedPlan;
+    fn name(&self) -> &'static str {
+        "no-tanh"
+    }
+    fn claims(&self, g: &Graph, n: &rlx::ir::Node) -> Result<(), String> {
+        rlx::cpu::FusedCompiler.claims(g, n)
+    }
+    fn try_lower(&self, sub: &rlx::hybrid::SubGraph) -> Result<Self::Lowered, String> {
+        if sub
+            .graph
+            .nodes()
+            .iter()
+            .any(|n| n.op == Op::Activation(Activation::Tanh))
+        {
+            return Err("no Tanh kernel".into());
+        }
+        rlx::cpu::FusedCompiler.try_lower(sub)
+    }
+}
+
+/// Three eligible runs separated by softmaxes over axis 0 (which the CPU
+/// compiler does not take); the middle run holds a Tanh.
+fn three_runs() -> Graph {
+    let mut g = Graph::new("three_runs");
+    let x = g.input("x", Shape::f32(&[2, 3, 8]));
+    let mut h = x;
+    for (i, mid) in [Activation::Gelu, Activation::Tanh, Activation::Relu]
+        .into_iter()
+        .enumerate()
+    {
+        let w = g.param(&format!("w{i}"), Shape::f32(&[8, 8]));
+        let m = g.push(Op::MatMul, vec![h, w]).unwrap();
+        let a = g.push(Op::Activation(mid), vec![m]).unwrap();
+        let y = g.push(Op::Binary(BinaryOp::Add), vec![a, m]).unwrap();
+        h = g.push(Op::Softmax { axis: 0 }, vec![y]).unwrap();
+    }
+    g.set_outputs(vec![h]);
+    g
+}
+
+#[test]
+fn a_declined_middle_segment_is_split_and_later_segments_compile() {
+    let g = three_runs();
+    let plan = rlx::hybrid::build_plan(&g, &SplitPolicy::default(), &NoTanh);
+    let r = &plan.report;
+    // Run 1 whole; run 2 as [matmul] + thunk Tanh + [add]; run 3 whole.
+    assert_eq!(r.compiled_segments, 4, "{r:#?}");
+    assert_eq!(r.split.len(), 1, "{r:#?}");
+    assert!(r.split[0].1.contains("no Tanh kernel"), "{r:#?}");
+    let tanh: Vec<_> = r
+        .ranges
+        .iter()
+        .flat_map(|x| &x.ops)
+        .filter(|o| o.op == "Activation")
+        .collect();
+    assert_eq!(tanh.len(), 1, "{r:#?}");
+    assert_eq!(
+        tanh[0].reason, "declined: no-tanh segment: no Tanh kernel",
+        "each declined node carries its own reason"
+    );
+    let last = r.segments.last().unwrap();
+    assert!(
+        last.last.index() > tanh[0].node.index(),
+        "the segment after the declined one still compiles: {r:#?}"
+    );
+    // Values: the same plan shape through the session (declining every
+    // 2nd segment) equals thunks and the reference.
+    let b = random_bindings(&g, &mut Rng::new(21), 1.0);
+    let want = reference(&g, &b);
+    let t = run_session(&thunks(), &g, &b);
+    let s = hybrid().policy(SplitPolicy::default().decline_every(2));
+    let h = run_session(&s, &g, &b);
+    assert_close(&t[0], &want[0], 1e-4, "thunks vs reference");
+    assert_close(&h[0], &t[0], 1e-5, "declining hybrid vs thunks");
+}
+
+#[test]
+fn nothing_compiles_and_every_op_keeps_its_reason() {
+    let g = three_runs();
+    let s = hybrid().policy(SplitPolicy::default().decline_every(1));
+    let m = s.compile(g.clone()).unwrap();
+    let r = m.plan_report();
+    assert_eq!(r.compiled_segments, 0);
+    let reasons: Vec<&str> = r
+        .ranges
+        .iter()
+        .flat_map(|x| &x.ops)
+        .map(|o| o.reason.as_str())
+        .collect();
+    assert!(reasons.iter().all(|r| *r != "mode: thunks"), "{reasons:?}");
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("capability: cpu-fused")),
+        "the softmax over axis 0 keeps its capability reason: {reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.contains("test hook")),
+        "{reasons:?}"
+    );
+}
+
+#[test]
+fn a_thunk_range_at_the_start() {
+    let mut g = Graph::new("thunks_first");
+    let x = g.input("x", Shape::f32(&[4, 6]));
+    let s = g.push(Op::Softmax { axis: 0 }, vec![x]).unwrap();
+    let w = g.param("w", Shape::f32(&[6, 5]));
+    let m = g.push(Op::MatMul, vec![s, w]).unwrap();
+    let y = g.push(Op::Activation(Activation::Silu), vec![m]).unwrap();
+    g.set_outputs(vec![y]);
+    let model = hybrid().compile(g.clone()).unwrap();
+    let r = model.plan_report();
+    assert_eq!((r.thunk_ranges, r.compiled_segments), (1, 1), "{r:#?}");
+    assert_eq!(r.ranges[0].start, s.index());
+    assert!(r.segments[0].first.index() > r.ranges[0].start);
+    check_all(&g, &random_bindings(&g, &mut Rng::new(22), 1.0), 1e-5, 1e-4);
+}
+
+#[test]
+fn mixed_row_counts_compile_as_pieces() {
+    // One eligible run: a [2, 6, 8] chain (12 rows) and a [2, 48] chain
+    // (2 rows) read from a reshaped input. The CPU compiler takes one row
+    // count per segment, so the whole is declined and split in two.
+    let mut g = Graph::new("mixed_rows");
+    let x = g.input("x", Shape::f32(&[2, 6, 8]));
+    let w = g.param("w", Shape::f32(&[8, 8]));
+    let h = g.push(Op::MatMul, vec![x, w]).unwrap();
+    let h = g.push(Op::Activation(Activation::Silu), vec![h]).unwrap();
+    let x2 = g.input("x2", Shape::f32(&[2, 6, 8]));
+    let r2 = g
+        .push(Op::Reshape { shape: vec![2, 48] }, vec![x2])
+        .unwrap();
+    let t = g.push(Op::Activation(Activation::Tanh), vec![r2]).unwrap();
+    g.set_outputs(vec![h, t]);
+    let m = hybrid().compile(g.clone()).unwrap();
+    let r = m.plan_report();
+    assert_eq!((r.compiled_segments, r.thunk_ranges), (2, 0), "{r:#?}");
+    assert_eq!(r.split.len(), 1, "{r:#?}");
+    assert!(r.split[0].1.contains("rows"), "{r:#?}");
+    check_all(&g, &random_bindings(&g, &mut Rng::new(23), 1.0), 1e-5, 1e-4);
+}
+
+#[test]
+fn a_dead_segment_is_compiled_with_its_last_node_as_output() {
+    // matmul -> tanh is read by nothing; a softmax over axis 0 (thunk)
+    // separates it from the output.
+    let mut g = Graph::new("dead");
+    let x = g.input("x", Shape::f32(&[3, 4]));
+    let w = g.param("w", Shape::f32(&[4, 4]));
+    let m = g.push(Op::MatMul, vec![x, w]).unwrap();
+    let dead = g.push(Op::Activation(Activation::Tanh), vec![m]).unwrap();
+    let y = g.push(Op::Softmax { axis: 0 }, vec![x]).unwrap();
+    g.set_outputs(vec![y]);
+    let model = hybrid().compile(g.clone()).unwrap();
+    let r = model.plan_report();
+    assert_eq!(r.compiled_segments, 1, "{r:#?}");
+    assert_eq!(r.segments[0].boundary_outputs, vec![dead], "{r:#?}");
+    assert!(r.declined.is_empty() && r.split.is_empty(), "{r:#?}");
+    check_all(&g, &random_bindings(&g, &mut Rng::new(24), 1.0), 1e-5, 1e-4);
+}
+
+/// A GatedDeltaNet whose producer run mixes row counts: q, k, v, g and
+/// beta per token (B*S rows) beside the carried state decayed per state
+/// row (B*H*n rows). The run is declined whole and split, so compiled
+/// segments stay on both sides of the GDN; values equal thunks and the
+/// reference.
+#[test]
+fn gdn_with_a_mixed_row_producer_keeps_compiled_segments_on_both_sides() {
+    let (b, s, d, h, n) = (2, 5, 16, 2, 4);
+    let mut g = Graph::new("gdn_mixed_producer");
+    let x = g.input("x", Shape::f32(&[b, s, d]));
+    let ss = g.input("ssm_state", Shape::f32(&[b, h, n, n]));
+    let wqkv = g.param("wqkv", Shape::f32(&[d, 3 * h * n]));
+    let qkv = g.push(Op::MatMul, vec![x, wqkv]).unwrap();
+    let part = |g: &mut Graph, i: usize| {
+        g.push(
+            Op::Narrow {
+                axis: 2,
+                start: i * h * n,
+                len: h * n,
+            },
+            vec![qkv],
+        )
+        .unwrap()
+    };
+    let (q, k, v) = (part(&mut g, 0), part(&mut g, 1), part(&mut g, 2));
+    let wg = g.param("wg", Shape::f32(&[d, h]));
+    let gl = g.push(Op::MatMul, vec![x, wg]).unwrap();
+    let gs = g
+        .push(Op::Activation(Activation::Softplus), vec![gl])
+        .unwrap();
+    let gate = g.push(Op::Activation(Activation::Neg), vec![gs]).unwrap();
+    let wb = g.param("wb", Shape::f32(&[d, h]));
+    let bl = g.push(Op::MatMul, vec![x, wb]).unwrap();
+    let beta = g
+        .push(Op::Activation(Activation::Sigmoid), vec![bl])
+        .unwrap();
+    let sr = g
+        .push(
+            Op::Reshape {
+                shape: vec![b * h * n, n],
+            },
+            vec![ss],
+        )
+        .unwrap();
+    let decay = g.param("decay", Shape::f32(&[n]));
+    let sd = g.push(Op::Binary(BinaryOp::Mul), vec![sr, decay]).unwrap();
+    let s4 = g
+        .push(
+            Op::Reshape {
+                shape: vec![b, h, n, n],
+            },
+            vec![sd],
+        )
+        .unwrap();
+    let r4 = |g: &mut Graph, t: NodeId| {
+        g.push(
+            Op::Reshape {
+                shape: vec![b, s, h, n],
+            },
+            vec![t],
+        )
+        .unwrap()
+    };
+    let (q4, k4, v4) = (r4(&mut g, q), r4(&mut g, k), r4(&mut g, v));
+    let op = Op::GatedDeltaNet {
+        state_size: n,
+        carry_state: true,
+    };
+    let gdn = g.push(op, vec![q4, k4, v4, gate, beta, s4]).unwrap();
+    let o = g
+        .push(
+            Op::Narrow {
+                axis: 1,
+                start: 0,
+                len: s,
+            },
+            vec![gdn],
+        )
+        .unwrap();
+    let o = g
+        .push(
+            Op::Reshape {
+                shape: vec![b, s, h * n],
+            },
+            vec![o],
+        )
+        .unwrap();
+    let wo = g.param("wo", Shape::f32(&[h * n, d]));
+    let y = g.push(Op::MatMul, vec![o, wo]).unwrap();
+    let gamma = g.param("gamma", Shape::f32(&[d]));
+    let y = g
+        .push(
+            Op::RmsNorm {
+                axis: -1,
+                eps: 1e-6,
+            },
+            vec![y, gamma],
+        )
+        .unwrap();
+    let y = g.push(Op::Binary(BinaryOp::Add), vec![y, x]).unwrap();
+    g.set_outputs(vec![y]);
+    let m = hybrid().compile(g.clone()).unwrap();
+    let r = m.plan_report();
+    assert!(!r.split.is_empty(), "the producer run is split: {r:#?}");
+    let before = r.segments.iter().filter(|sg| sg.last < gdn).count();
+    let after = r.segments.iter().filter(|sg| sg.first > gdn).count();
+    assert!(
+        before >= 2 && after >= 1,
+        "{before} before, {after} after: {r:#?}"
+    );
+    for o in r.ranges.iter().flat_map(|x| &x.ops) {
+        assert!(!o.reason.is_empty(), "{o:?} has no reason");
+    }
+    check_all(&g, &random_bindings(&g, &mut Rng::new(25), 0.5), 1e-5, 1e-4);
+}
+
+/// Rope (positions `[S]` and `[B, S]`) and last-axis Concat run inside a
+/// CPU compiled segment, bit for bit equal to the thunks; Transpose,
+/// Expand and dtype-changing Cast stay out with a reason naming why.
+#[test]
+fn rope_and_concat_are_fused_and_the_rest_say_why_not() {
+    for pos_dims in [vec![5], vec![2, 5]] {
+        let mut g = Graph::new("rope_concat");
+        let x = g.input("x", Shape::f32(&[2, 5, 16]));
+        let pos = g.input("pos", Shape::new(&pos_dims, DType::I64));
+        let w = g.param("w", Shape::f32(&[16, 16]));
+        let h = g.push(Op::MatMul, vec![x, w]).unwrap();
+        let rope = Op::Rope {
+            head_dim: 8,
+            n_rot: 6,
+            theta: 10000.0,
+            style: rlx::ir::op::RopeStyle::NeoX,
+        };
+        let r = g.push(rope, vec![h, pos]).unwrap();
+        let c = g.push(Op::Concat { axis: 2 }, vec![r, x]).unwrap();
+        let y = g.push(Op::Activation(Activation::Silu), vec![c]).unwrap();
+        g.set_outputs(vec![y]);
+        let m = hybrid().compile(g.clone()).unwrap();
+        let st = m.plan_stats();
+        assert_eq!(
+            (st.compiled_segments, st.thunk_ranges),
+            (1, 0),
+            "{:#?}",
+            m.plan_report()
+        );
+        let mut b = random_bindings(&g, &mut Rng::new(26), 1.0);
+        let n: usize = pos_dims.iter().product();
+        b.insert(
+            "pos".into(),
+            Tensor::i64(&pos_dims, (0..n as i64).map(|i| i * 131 % 2048).collect()),
+        );
+        let t = run_session(&thunks(), &g, &b);
+        let h = run_session(&hybrid(), &g, &b);
+        assert_eq!(h, t, "hybrid == thunks bit for bit");
+        assert_close(&t[0], &reference(&g, &b)[0], 1e-4, "thunks vs reference");
+    }
+    let mut g = Graph::new("not_fused");
+    let x = g.input("x", Shape::f32(&[2, 3, 4]));
+    let t = g
+        .push(
+            Op::Transpose {
+                perm: vec![1, 0, 2],
+            },
+            vec![x],
+        )
+        .unwrap();
+    let e = g
+        .push(
+            Op::Expand {
+                shape: vec![2, 3, 2, 4],
+            },
+            vec![t],
+        )
+        .unwrap();
+    let c = g.push(Op::Cast { to: DType::I32 }, vec![e]).unwrap();
+    g.set_outputs(vec![c]);
+    let m = hybrid().compile(g).unwrap();
+    let reasons: Vec<String> = m
+        .plan_report()
+        .ranges
+        .iter()
+        .flat_map(|r| &r.ops)
+        .map(|o| format!("{}: {}", o.op, o.reason))
+        .collect();
+    for want in [
+        "Transpose reorders rows",
+        "Expand materializes",
+        "changes the dtype",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r.contains(want)),
+            "{want}: {reasons:?}"
+        );
+    }
+}

@@ -56,6 +56,10 @@ macro_rules! with_act {
                 let $f = softplus;
                 $e
             }
+            Activation::Mish => {
+                let $f = |x: f32| x * softplus(x).tanh();
+                $e
+            }
         }
     };
 }

@@ -91,8 +91,13 @@ pub struct PlanReport {
     pub ranges: Vec<RangeReport>,
     /// Every compiled segment, in order.
     pub segments: Vec<SegmentReport>,
-    /// Segments the backend declined, with its reason.
+    /// Segments (or single nodes of a split segment) the backend declined
+    /// and that run as thunks, by first node, with its reason.
     pub declined: Vec<(NodeId, String)>,
+    /// Segments the backend declined whole and the planner retried as
+    /// smaller compiled pieces, by first node, with the reason the whole
+    /// was declined (`segments` lists the pieces).
+    pub split: Vec<(NodeId, String)>,
 }
 
 /// A split, lowered schedule.
@@ -148,8 +153,14 @@ fn as_thunk_step<L>(s: Segment) -> Step<L> {
 }
 
 /// Split `graph` by `policy` and the compiler's capability, then lower each
-/// segment. Declined segments fall back to thunks; later segments still try.
-/// A plan with no compiled step is the plain thunk plan.
+/// segment.
+///
+/// A segment the compiler declines is retried as its maximal compilable
+/// sub-segments (see [`lower_pieces`]): only the nodes that no piece can
+/// hold run as thunks, each with its own reason. A segment (or piece) whose
+/// values nothing reads is compiled with its last node as output, as seed
+/// 002 does (docs/DESIGN.md, "Dead segments"). Every thunk keeps its own
+/// reason, also when nothing compiles.
 pub fn build_plan<C: SegmentCompiler>(
     graph: &Graph,
     policy: &SplitPolicy,
@@ -176,6 +187,8 @@ pub fn build_plan<C: SegmentCompiler>(
     let mut declined = Vec::new();
     let mut thunks: Vec<Segment> = Vec::new();
     let users = graph.users_all();
+    let mut seg_index = 0usize;
+    let mut split = Vec::new();
     for s in segs {
         match s {
             Segment::Thunks { start, end } => {
@@ -184,32 +197,115 @@ pub fn build_plan<C: SegmentCompiler>(
                 }
             }
             Segment::Compiled(seg) => {
-                let seg = describe(graph, &users, seg.nodes);
-                let sub = extract(graph, &seg);
-                match compiler.try_lower(&sub) {
-                    Ok(lowered) => steps.push(Step::Compiled {
-                        segment: seg,
-                        sub,
-                        lowered,
-                    }),
-                    Err(why) => {
-                        for &n in &seg.nodes {
-                            reasons[n.index()] =
-                                Some(format!("declined: {} segment: {why}", compiler.name()));
-                            push_thunk_step(&mut steps, &mut thunks, graph, n.index());
+                seg_index += 1;
+                if let Some(why) = policy.declines_segment(seg_index) {
+                    for &n in &seg.nodes {
+                        reasons[n.index()] = Some(why.clone());
+                        push_thunk_step(&mut steps, &mut thunks, graph, n.index());
+                    }
+                    declined.push((seg.nodes[0], why));
+                    continue;
+                }
+                let (pieces, whole_why) = lower_pieces(graph, &users, compiler, &seg.nodes);
+                if let Some(why) = whole_why {
+                    split.push((seg.nodes[0], why));
+                }
+                for piece in pieces {
+                    match piece {
+                        Piece::Compiled(segment, sub, lowered) => steps.push(Step::Compiled {
+                            segment,
+                            sub,
+                            lowered,
+                        }),
+                        Piece::Declined(nodes, why) => {
+                            for &n in &nodes {
+                                reasons[n.index()] =
+                                    Some(format!("declined: {} segment: {why}", compiler.name()));
+                                push_thunk_step(&mut steps, &mut thunks, graph, n.index());
+                            }
+                            declined.push((nodes[0], why));
                         }
-                        declined.push((seg.nodes[0], why));
                     }
                 }
             }
         }
     }
-    if !steps.iter().any(|s| matches!(s, Step::Compiled { .. })) {
-        let mut p = HybridPlan::thunks_only(graph);
-        p.report.declined = declined;
-        return p;
+    let mut plan = finish(graph, steps, &reasons, declined);
+    plan.report.split = split;
+    plan
+}
+
+/// A part of a segment after lowering: compiled, or declined with the
+/// compiler's reason.
+enum Piece<L> {
+    Compiled(CompiledSegment, SubGraph, L),
+    Declined(Vec<NodeId>, String),
+}
+
+/// The boundaries of `nodes`; a run whose values nothing reads (a dead
+/// segment) gets its last node as output, so it still lowers.
+fn describe_live(graph: &Graph, users: &[Vec<NodeId>], nodes: Vec<NodeId>) -> CompiledSegment {
+    let mut seg = describe(graph, users, nodes);
+    if seg.boundary_outputs.is_empty() {
+        seg.boundary_outputs
+            .push(*seg.nodes.last().expect("segments are non-empty"));
     }
-    finish(graph, steps, &reasons, declined)
+    seg
+}
+
+/// Lower `nodes` (one eligible run, ascending) as one segment, or, when the
+/// compiler declines it, as its maximal compilable sub-segments.
+///
+/// From the first node not yet placed: if that node alone does not lower,
+/// it is declined with the reason the compiler gave for it alone;
+/// otherwise the longest run from it that lowers is found by bisection and
+/// compiled (it lowers and one node more does not). Attempts grow as
+/// `pieces * log2(n)`, and only for a segment that was declined whole.
+/// Returns the pieces in order and, when the whole was declined, why.
+fn lower_pieces<C: SegmentCompiler>(
+    graph: &Graph,
+    users: &[Vec<NodeId>],
+    compiler: &C,
+    nodes: &[NodeId],
+) -> (Vec<Piece<C::Lowered>>, Option<String>) {
+    let attempt = |run: &[NodeId]| {
+        let seg = describe_live(graph, users, run.to_vec());
+        let sub = extract(graph, &seg);
+        compiler.try_lower(&sub).map(|lowered| (seg, sub, lowered))
+    };
+    let whole_why = match attempt(nodes) {
+        Ok((seg, sub, lowered)) => return (vec![Piece::Compiled(seg, sub, lowered)], None),
+        Err(why) => why,
+    };
+    let mut pieces = Vec::new();
+    let mut i = 0;
+    while i < nodes.len() {
+        let mut best = match attempt(&nodes[i..i + 1]) {
+            Ok(ok) => (i + 1, ok),
+            Err(why) => {
+                match pieces.last_mut() {
+                    Some(Piece::Declined(ns, w)) if *w == why => ns.push(nodes[i]),
+                    _ => pieces.push(Piece::Declined(vec![nodes[i]], why)),
+                }
+                i += 1;
+                continue;
+            }
+        };
+        // Invariant: nodes[i..best.0] lowers, nodes[i..bad] does not (the
+        // whole run failed when i == 0; past the end counts as failing).
+        let mut bad = if i == 0 { nodes.len() } else { nodes.len() + 1 };
+        while bad - best.0 > 1 {
+            let mid = best.0 + (bad - best.0) / 2;
+            match attempt(&nodes[i..mid]) {
+                Ok(ok) => best = (mid, ok),
+                Err(_) => bad = mid,
+            }
+        }
+        let (end, (seg, sub, lowered)) = best;
+        pieces.push(Piece::Compiled(seg, sub, lowered));
+        i = end;
+    }
+    (pieces, Some(whole_why))
 }
 
 fn push_thunk_step<L>(

@@ -6,6 +6,8 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct SplitPolicy {
     pred: Arc<dyn Fn(&Op) -> bool + Send + Sync>,
+    /// Test aid: decline every k-th eligible segment (1-based).
+    decline_every: Option<usize>,
 }
 
 impl SplitPolicy {
@@ -13,7 +15,29 @@ impl SplitPolicy {
     pub fn new(pred: impl Fn(&Op) -> bool + Send + Sync + 'static) -> Self {
         SplitPolicy {
             pred: Arc::new(pred),
+            decline_every: None,
         }
+    }
+
+    /// A testing aid: the planner declines every `k`-th eligible segment
+    /// (the `k`-th, `2k`-th, ... in schedule order, before any retry), as
+    /// if the backend's segment compiler had, and runs its ops as thunks
+    /// with the reason `policy: test hook declines every k-th segment`.
+    /// The conformance suite runs every case this way with `k = 2`, so the
+    /// thunk fallback between compiled segments is checked on every op.
+    /// `k = 0` turns the hook off.
+    pub fn decline_every(mut self, k: usize) -> Self {
+        self.decline_every = (k > 0).then_some(k);
+        self
+    }
+
+    /// The reason the planner declines eligible segment `index` (1-based,
+    /// schedule order) under [`SplitPolicy::decline_every`], if it does.
+    pub fn declines_segment(&self, index: usize) -> Option<String> {
+        let k = self.decline_every?;
+        index
+            .is_multiple_of(k)
+            .then(|| format!("policy: test hook declines every {k}-th segment"))
     }
 
     /// A policy that keeps every op on thunks.
