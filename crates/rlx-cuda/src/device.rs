@@ -1,8 +1,7 @@
 //! Device plumbing: context, stream, cuBLAS handle, the NVRTC module cache,
 //! device and pinned buffers, captured graphs.
 
-use crate::kernels::{KERNELS, SOURCE};
-use crate::{kv, mixed, quant};
+use crate::{cu, kernels, kv, mixed, quant};
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaStream};
 use std::collections::HashMap;
@@ -46,33 +45,21 @@ pub(crate) fn device_lock() -> std::sync::MutexGuard<'static, ()> {
     DEVICE_LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Every NVRTC module: its CUDA C source and the kernels it exports.
-const MODULES: &[(&str, &[&str])] = &[
-    (SOURCE, KERNELS),
-    (quant::SOURCE, quant::KERNELS),
-    (kv::SOURCE, kv::KERNELS),
-    (mixed::SOURCE, mixed::KERNELS),
+/// Every NVRTC module: its name, its CUDA C file (`cu/`, before
+/// [`cu::expand`]) and the kernels it exports.
+const MODULES: &[(&str, &str, &[&str])] = &[
+    ("kernels", cu::KERNELS_CU, kernels::KERNELS),
+    ("quant", cu::QUANT_CU, quant::KERNELS),
+    ("kv", cu::KV_CU, kv::KERNELS),
+    ("mixed", cu::MIXED_CU, mixed::KERNELS),
 ];
 
 /// Prepended to every module: `RLX_GRID_DEP()` opens each kernel (see
-/// [`with_grid_dep`]). On compute capability 9.0+ it lets the next kernel
-/// launch now (its blocks take free SMs and wait), then waits until every
-/// grid this one depends on has finished and its writes are visible.
-/// Waiting before the first global load or store keeps programmatic
-/// dependent launch exact: nothing is read before its producer is done,
-/// and nothing is overwritten while an earlier kernel may still read it.
-/// Without the launch attribute, or below 9.0, both are no-ops.
-const GRID_DEP_PRELUDE: &str = r#"
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define RLX_GRID_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
-#define RLX_GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
-#else
-#define RLX_GRID_LAUNCH()
-#define RLX_GRID_WAIT()
-#endif
-#define RLX_GRID_DEP() RLX_GRID_LAUNCH(); RLX_GRID_WAIT()
-#define RLX_OWN_GRID_DEP
-"#;
+/// [`with_grid_dep`]; the macros are in `cu/grid_dep.cuh`). Waiting before
+/// the first global load or store keeps programmatic dependent launch
+/// exact: nothing is read before its producer is done, and nothing is
+/// overwritten while an earlier kernel may still read it.
+const GRID_DEP_PRELUDE: &str = cu::GRID_DEP_CUH;
 
 /// `source` with [`GRID_DEP_PRELUDE`] and `RLX_GRID_DEP();` as the first
 /// statement of every `__global__` function (inserted after the body's
@@ -115,8 +102,9 @@ fn ptx_for(index: usize, cc: (i32, i32)) -> Result<Arc<CString>, String> {
         options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(with_grid_dep(MODULES[index].0), opts)
-        .map_err(|e| format!("NVRTC compile of module {index} failed: {e:?}"))?;
+    let ptx =
+        cudarc::nvrtc::compile_ptx_with_opts(with_grid_dep(&cu::expand(MODULES[index].1)), opts)
+            .map_err(|e| format!("NVRTC compile of module {} failed: {e:?}", MODULES[index].0))?;
     let c = Arc::new(CString::new(ptx.to_src()).map_err(|_| "PTX holds a NUL byte".to_string())?);
     guard.insert((index, cc), c.clone());
     Ok(c)
@@ -163,7 +151,7 @@ fn loaded(ordinal: usize) -> Result<Arc<Loaded>, String> {
         .map_err(|e| derr("compute capability", e))?;
     ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
     let mut funcs = HashMap::new();
-    for (index, &(_, names)) in MODULES.iter().enumerate() {
+    for (index, &(_, _, names)) in MODULES.iter().enumerate() {
         let ptx = ptx_for(index, cc)?;
         // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call. The
         // module is never unloaded: the cache keeps it for the process.
@@ -568,7 +556,7 @@ mod tests {
             println!("skipped: libnvrtc not found (scripts/test.sh installs it)");
             return;
         }
-        let i = MODULES.iter().position(|m| m.0 == mixed::SOURCE).unwrap();
+        let i = MODULES.iter().position(|m| m.0 == "mixed").unwrap();
         let ptx = ptx_for(i, (9, 0)).unwrap();
         let ptx = ptx.to_str().unwrap();
         for k in ["gemm_pf_bf16_16", "gemm_pf_f16_64"] {
@@ -601,7 +589,7 @@ mod tests {
             println!("skipped: libnvrtc not found (scripts/test.sh installs it)");
             return;
         }
-        for (i, (_, kernels)) in MODULES.iter().enumerate() {
+        for (i, (_, _, kernels)) in MODULES.iter().enumerate() {
             for cc in [(7, 5), (8, 0), (9, 0)] {
                 let ptx = ptx_for(i, cc).unwrap_or_else(|e| panic!("sm_{}{}: {e}", cc.0, cc.1));
                 let ptx = ptx.to_str().expect("PTX is ASCII");

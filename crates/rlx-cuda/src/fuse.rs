@@ -11,7 +11,8 @@
 //! nodes launch nothing. Only segments fuse: a thunk is one op by
 //! definition.
 
-use crate::lower::{act_code, bin_code, is_suffix};
+use crate::lower::is_suffix;
+use crate::opcodes::{act_code, bin_code};
 use crate::store::Store;
 use rlx_ir::{DType, Graph, Node, NodeId, Op};
 use rlx_runtime::memory::Tick;
@@ -241,7 +242,7 @@ fn generate(g: &Graph, nodes: Vec<NodeId>, leaves: Vec<NodeId>) -> Chain {
         )
     };
     let name = format!("rlx_fused_{:016x}", fnv(&kernel("K")));
-    let source = format!("{}{}", crate::mixed::PRELUDE, kernel(&name));
+    let source = format!("{}{}", crate::cu::prelude(), kernel(&name));
     Chain {
         nodes,
         leaves,

@@ -37,6 +37,7 @@
 //! cudarc loads the CUDA libraries at run time, so the crate builds without
 //! a CUDA toolkit; [`cuda_available`] says whether a device can be used.
 
+mod cu;
 mod device;
 mod executor;
 mod fuse;
@@ -50,6 +51,7 @@ mod kv;
 mod lower;
 mod lt;
 mod mixed;
+mod opcodes;
 mod quant;
 mod store;
 

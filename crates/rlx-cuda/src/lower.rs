@@ -7,6 +7,7 @@
 use crate::fuse::Fusion;
 use crate::fuse_cache::RopeCache;
 use crate::fuse_gemv::GemvFusion;
+use crate::opcodes::{act_code, bin_code, dtype_code};
 use crate::quant::{GemvExtra, Prologue};
 use crate::store::{Dt, Store};
 use rlx_ir::op::{Activation, BinaryOp, MaskKind, ReduceOp, RopeStyle};
@@ -252,47 +253,6 @@ fn elementwise(name: &'static str, n: usize, args: Vec<Arg>) -> Launch {
 
 fn int(x: usize, what: &str) -> Result<i32, String> {
     i32::try_from(x).map_err(|_| format!("{what} = {x} does not fit a 32-bit int"))
-}
-
-pub(crate) fn act_code(a: Option<Activation>) -> i32 {
-    match a {
-        None => 12,
-        Some(Activation::Relu) => 0,
-        Some(Activation::Gelu) => 1,
-        Some(Activation::GeluTanh) => 2,
-        Some(Activation::Silu) => 3,
-        Some(Activation::Sigmoid) => 4,
-        Some(Activation::Tanh) => 5,
-        Some(Activation::Exp) => 6,
-        Some(Activation::Neg) => 7,
-        Some(Activation::Sqrt) => 8,
-        Some(Activation::Rsqrt) => 9,
-        Some(Activation::Abs) => 10,
-        Some(Activation::Softplus) => 11,
-    }
-}
-
-pub(crate) fn bin_code(b: BinaryOp) -> i32 {
-    match b {
-        BinaryOp::Add => 0,
-        BinaryOp::Sub => 1,
-        BinaryOp::Mul => 2,
-        BinaryOp::Div => 3,
-        BinaryOp::Max => 4,
-        BinaryOp::Min => 5,
-        BinaryOp::Pow => 6,
-    }
-}
-
-fn dtype_code(d: DType) -> Option<i32> {
-    match d {
-        DType::F32 => Some(0),
-        DType::I32 => Some(1),
-        DType::I64 => Some(2),
-        DType::U8 => Some(3),
-        DType::Bool => Some(4),
-        DType::F16 | DType::BF16 => None,
-    }
 }
 
 /// `dims` padded with leading 1s to `rank`.
