@@ -3,8 +3,10 @@
 
 use crate::device::{DeviceBuffer, Gpu, Graph as CuGraph, Pinned};
 use crate::fuse::{find_fusions, fused_ticks, Fusion};
-use crate::lower::{epilogue_launch, lower, view_of, view_of_st, Arg, Env, Launch, WithStore};
+use crate::launch::{epilogue_launch, Arg, Launch};
+use crate::lower::{lower, Env, WithStore};
 use crate::store::{device_bytes, Store, StorePlan};
+use crate::views::{view_of, view_of_st};
 use cudarc::driver::{result as drv, sys as drv_sys};
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_ir::{Graph, Node, NodeId, Op, Shape, Tensor};
@@ -201,7 +203,7 @@ enum Work {
         args: Box<[u64]>,
     },
     /// A gemm through `cublasGemmStridedBatchedEx` (no epilogue).
-    Gemm(crate::lower::Gemm),
+    Gemm(crate::launch::Gemm),
     /// A planned cuBLASLt matmul (epilogue included).
     Lt(Box<crate::lt::LtMatmul>),
     Copy {

@@ -15,7 +15,7 @@
 //!   depends on a host-side length: the step can be captured in one CUDA
 //!   graph and replayed at every position.
 
-use crate::lower::{Arg, Launch};
+use crate::launch::{Arg, Launch};
 
 /// Names of every kernel in `cu/kv.cu`.
 pub(crate) const KERNELS: &[&str] = &["cache_write", "rope_cache_row", "attention_rows"];

@@ -8,7 +8,7 @@
 //! one value per row of `C` (per output feature).
 
 use crate::device::Gpu;
-use crate::lower::{Epi, Gemm};
+use crate::launch::{Epi, Gemm};
 use crate::store::Dt;
 use cudarc::cublas::sys as blas_sys;
 use cudarc::cublaslt::{result as lt, sys as lt_sys};

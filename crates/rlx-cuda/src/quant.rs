@@ -11,7 +11,7 @@
 //! (`q * d + m` with f16 `d`, `m`); sums are in f32, so results differ
 //! from the CPU backend only by rounding order.
 
-use crate::lower::{Arg, Launch};
+use crate::launch::{Arg, Launch};
 use rlx_ir::QuantScheme;
 
 /// Names of every kernel in `cu/quant.cu`.
@@ -47,7 +47,7 @@ const WIDE_N: usize = 8192;
 pub(crate) const FUSED_ROWS_MAX: usize = 8;
 
 /// What a fused GEMV does around the product (a compiled segment's
-/// [`crate::fuse_gemv`] fusion): a prologue on the activations and an
+/// `fuse::gemv` fusion): a prologue on the activations and an
 /// added operand.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct GemvExtra {
@@ -176,7 +176,8 @@ pub(crate) fn dequant_matmul(
 
 #[cfg(test)]
 mod tests {
-    use crate::lower::{lower, Launch};
+    use crate::launch::Launch;
+    use crate::lower::lower;
     use rlx_ir::{ActivationPrecision, DType, Graph, MaskKind, NodeId, Op, QuantScheme, Shape};
 
     fn addr(id: NodeId) -> Option<u64> {

@@ -4,130 +4,19 @@
 //! list of [`Launch`]es. The same function checks capability (with dummy
 //! addresses) and builds the real schedule.
 
+use crate::fuse::cache::RopeCache;
+use crate::fuse::gemv::GemvFusion;
 use crate::fuse::Fusion;
-use crate::fuse_cache::RopeCache;
-use crate::fuse_gemv::GemvFusion;
+use crate::launch::{activation_launch, elementwise, grid1, int, Arg, Epi, Gemm, Launch};
 use crate::opcodes::{act_code, bin_code, dtype_code};
 use crate::quant::{GemvExtra, Prologue};
 use crate::store::{Dt, Store};
+use crate::views::{bcast_strides, is_suffix, pad};
 use rlx_ir::op::{Activation, BinaryOp, MaskKind, ReduceOp, RopeStyle};
 use rlx_ir::{DType, Graph, Node, NodeId, Op, Shape};
 
 /// Ranks above this need more metadata than the kernels read.
 const MAX_RANK: usize = 8;
-
-/// One kernel argument.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Arg {
-    /// A device address (or 0 for null).
-    P(u64),
-    /// A C `int`.
-    I(i32),
-    /// A C `long long`.
-    L(i64),
-    /// A C `float`.
-    F(f32),
-    /// The address of element `usize` of the metadata buffer.
-    Meta(usize),
-    /// The address of the status word.
-    Status,
-}
-
-/// A column-major gemm call (already transformed from row-major).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Gemm {
-    pub m: i32,
-    pub n: i32,
-    pub k: i32,
-    pub a: u64,
-    pub lda: i32,
-    pub sa: i64,
-    pub b: u64,
-    pub ldb: i32,
-    pub sb: i64,
-    pub c: u64,
-    pub ldc: i32,
-    pub sc: i64,
-    pub batch: i32,
-    /// `a` is stored transposed (a weight kept `[out, in]`): op(A) = A^T.
-    pub ta: bool,
-    /// Storage of `a`, `b` and `c`.
-    pub dt: [Dt; 3],
-    /// Round matmul inputs to TF32 (precision `tf32`).
-    pub tf32: bool,
-    /// The epilogue: bias (one value per row of `C`) and activation.
-    pub epi: Epi,
-    /// Epilogue bias address (0 without one) and its storage.
-    pub bias: u64,
-    pub bias_dt: Dt,
-    /// The exact activation (kernel code) the epilogue stands for, used by
-    /// the fallback kernel when cuBLASLt declines the gemm.
-    pub act: i32,
-}
-
-/// A gemm epilogue that cuBLASLt applies in the matmul kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Epi {
-    /// Plain product.
-    None,
-    /// `+ bias`.
-    Bias,
-    /// `relu(+ bias)`.
-    ReluBias,
-    /// `gelu(+ bias)` in cuBLASLt's tanh form.
-    GeluBias,
-}
-
-/// The kernel that applies `g`'s epilogue in place after a gemm that ran
-/// without it (the fallback when cuBLASLt declines), if it has one.
-pub(crate) fn epilogue_launch(g: &Gemm) -> Option<Launch> {
-    if g.epi == Epi::None {
-        return None;
-    }
-    let n = g.m as usize * g.n as usize * g.batch.max(1) as usize;
-    let all_f32 = g.dt[2] == Dt::F32 && g.bias_dt == Dt::F32;
-    let mut args = vec![
-        Arg::P(g.c),
-        Arg::P(g.bias),
-        Arg::L(n as i64),
-        Arg::I(g.m),
-        Arg::I(g.act),
-    ];
-    if all_f32 {
-        return Some(elementwise("bias_act", n, args));
-    }
-    args.extend([Arg::I(g.dt[2].code()), Arg::I(g.bias_dt.code())]);
-    Some(elementwise("bias_act_x", n, args))
-}
-
-/// One unit of device work.
-#[derive(Debug, Clone)]
-pub(crate) enum Launch {
-    /// A kernel from the NVRTC module.
-    Kernel {
-        name: &'static str,
-        grid: [u32; 3],
-        block: u32,
-        /// Bytes of dynamic shared memory.
-        smem: u32,
-        args: Vec<Arg>,
-    },
-    /// A cuBLAS sgemm (strided batched).
-    Gemm(Gemm),
-    /// A device-to-device copy.
-    Copy { dst: u64, src: u64, bytes: usize },
-    /// Zero `bytes` at `dst`.
-    Zero { dst: u64, bytes: usize },
-    /// A kernel generated at compile time (a fused elementwise chain),
-    /// compiled by NVRTC on first use.
-    Dyn {
-        name: std::sync::Arc<str>,
-        source: std::sync::Arc<str>,
-        grid: [u32; 3],
-        block: u32,
-        args: Vec<Arg>,
-    },
-}
 
 /// Where each node's data lives.
 pub(crate) trait Addr {
@@ -189,98 +78,6 @@ impl<F: Fn(NodeId) -> Option<u64>> Addr for F {
     fn addr(&self, id: NodeId) -> Option<u64> {
         self(id)
     }
-}
-
-/// Whether the CUDA backend executes `node` as an alias of its first input
-/// (and at which byte offset). Mirrors the CPU's rules.
-pub(crate) fn view_of(graph: &Graph, node: &Node) -> Option<(NodeId, usize)> {
-    view_of_st(graph, node, &|_| Store::default())
-}
-
-/// [`view_of`] under a storage plan: offsets count stored element sizes,
-/// and a Narrow that only attention reads (`folded`) aliases its source.
-pub(crate) fn view_of_st(
-    graph: &Graph,
-    node: &Node,
-    store: &dyn Fn(NodeId) -> Store,
-) -> Option<(NodeId, usize)> {
-    let src = *node.inputs.first()?;
-    let s = &graph.node(src).shape;
-    let esz = if s.dtype == DType::F32 {
-        store(src).dt.size()
-    } else {
-        s.dtype.size_bytes()
-    };
-    match &node.op {
-        Op::Reshape { .. } => Some((src, 0)),
-        Op::Cast { to } if *to == s.dtype => Some((src, 0)),
-        Op::Expand { shape } if *shape == s.dims => Some((src, 0)),
-        Op::Narrow { axis, start, .. }
-            if s.dims[..*axis].iter().all(|&d| d == 1) || store(node.id).folded =>
-        {
-            Some((src, start * s.strides()[*axis] * esz))
-        }
-        _ => None,
-    }
-}
-
-/// Whether `node` is a last-axis Narrow of a rank-3 tensor that attention
-/// kernels can read in place (row stride = the source's width).
-pub(crate) fn foldable_narrow(graph: &Graph, node: &Node) -> bool {
-    let Op::Narrow { axis, .. } = node.op else {
-        return false;
-    };
-    let Some(&src) = node.inputs.first() else {
-        return false;
-    };
-    let s = &graph.node(src).shape;
-    s.rank() == 3 && axis == 2 && s.dtype == DType::F32
-}
-
-fn grid1(n: usize) -> [u32; 3] {
-    [n.div_ceil(256).clamp(1, 8192) as u32, 1, 1]
-}
-
-fn elementwise(name: &'static str, n: usize, args: Vec<Arg>) -> Launch {
-    Launch::Kernel {
-        name,
-        grid: grid1(n),
-        block: 256,
-        smem: 0,
-        args,
-    }
-}
-
-fn int(x: usize, what: &str) -> Result<i32, String> {
-    i32::try_from(x).map_err(|_| format!("{what} = {x} does not fit a 32-bit int"))
-}
-
-/// `dims` padded with leading 1s to `rank`.
-fn pad(dims: &[usize], rank: usize) -> Vec<usize> {
-    let mut v = vec![1; rank - dims.len()];
-    v.extend_from_slice(dims);
-    v
-}
-
-/// Whether an operand of `dims` broadcast to `out` is `out`'s trailing block
-/// (so that `out[i]` reads operand element `i % numel`).
-pub(crate) fn is_suffix(dims: &[usize], out: &[usize]) -> bool {
-    let p = pad(dims, out.len());
-    match p.iter().position(|&d| d != 1) {
-        None => true,
-        Some(i) => p[i..] == out[i..],
-    }
-}
-
-/// Element strides of `dims` broadcast to `out` (0 where broadcast).
-fn bcast_strides(dims: &[usize], out: &[usize]) -> Vec<i32> {
-    let p = pad(dims, out.len());
-    let st = Shape::new(&p, DType::F32).strides();
-    p.iter()
-        .zip(st)
-        .zip(out)
-        .map(|((&d, s), &o)| if d == 1 && o != 1 { 0 } else { s as i32 })
-        .collect()
 }
 
 struct Cx<'a, A: Addr> {
@@ -1059,7 +856,7 @@ fn copy_rows(
 /// binary's operands read through broadcast strides).
 fn reduce<A: Addr>(
     cx: &mut Cx<'_, A>,
-    prologue: Option<&crate::fuse_reduce::ReducePrologue>,
+    prologue: Option<&crate::fuse::reduce::ReducePrologue>,
 ) -> Result<Vec<Launch>, String> {
     let Op::Reduce { op, axes, .. } = &cx.node.op else {
         return Err(format!("node {} is not a Reduce", cx.node.id));
@@ -1163,14 +960,14 @@ fn reduce<A: Addr>(
 }
 
 /// A masked mean pooling with its optional L2 normalization (see
-/// [`crate::fuse_pool`]): one `pool_mean_x` block per batch row, of
+/// [`crate::fuse::pool`]): one `pool_mean_x` block per batch row, of
 /// `groups` row groups of `cols` threads (a multiple of 32; at most 1024
 /// threads in all). A thread sums every `groups`-th row of its columns
 /// (4 per vector load where the width and alignment allow); the groups'
 /// column sums meet in shared memory. One block reads the whole `S x H`
 /// slice, so it is as wide as it can be: at 1 x 128 x 384 (bf16) one
 /// column per thread over 64 rows each took 16.7 us on the H200.
-fn pool<A: Addr>(cx: &Cx<'_, A>, f: &crate::fuse_pool::Pool) -> Result<Vec<Launch>, String> {
+fn pool<A: Addr>(cx: &Cx<'_, A>, f: &crate::fuse::pool::Pool) -> Result<Vec<Launch>, String> {
     let at = |id: NodeId| {
         cx.addr
             .addr(id)
@@ -1331,7 +1128,7 @@ fn rope_cache<A: Addr>(cx: &Cx<'_, A>, f: &RopeCache) -> Result<Vec<Launch>, Str
 }
 
 /// A 16-bit matmul (with its bias and activation) of at most
-/// [`crate::fuse_norm::MAX_ROWS`] rows against an `[out, in]` weight as one
+/// [`crate::fuse::norm::MAX_ROWS`] rows against an `[out, in]` weight as one
 /// `gemm_pf` launch: 16-row tiles over the whole K, the weight rows loaded
 /// before the kernel waits for the previous one (see
 /// [`crate::mixed::gemm_pf_kernel`]). `None` where the shapes, storage or
@@ -1349,7 +1146,7 @@ fn small_gemm<A: Addr>(cx: &Cx<'_, A>, a: &Shape, b: &Shape) -> Result<Option<La
         && !cx.addr.store(cx.node.inputs[0]).folded
         && cx.dt_in(0) == t
         && cx.dt_in(1) == t
-        && (1..=crate::fuse_norm::MAX_ROWS).contains(&rows)
+        && (1..=crate::fuse::norm::MAX_ROWS).contains(&rows)
         && k > 0
         && k.is_multiple_of(64);
     if !fits {
@@ -1397,7 +1194,7 @@ fn small_gemm<A: Addr>(cx: &Cx<'_, A>, a: &Shape, b: &Shape) -> Result<Option<La
 /// runs in place after it.
 fn gemm_norm<A: Addr>(
     cx: &mut Cx<'_, A>,
-    f: &crate::fuse_norm::GemmNorm,
+    f: &crate::fuse::norm::GemmNorm,
 ) -> Result<Vec<Launch>, String> {
     let Op::FusedResidualLN { has_bias, eps } = cx.node.op else {
         return Err(format!("node {} is not a FusedResidualLN", cx.node.id));
@@ -1628,7 +1425,7 @@ fn norm<A: Addr>(
 }
 
 /// The second operand of an Add absorbed by a norm (see
-/// [`crate::fuse_norm`]): its address, element count (it repeats as a
+/// [`crate::fuse::norm`]): its address, element count (it repeats as a
 /// trailing block of the norm's input) and storage.
 #[derive(Debug, Clone, Copy)]
 struct NormAdd {
@@ -1637,7 +1434,7 @@ struct NormAdd {
     dt: Dt,
 }
 
-/// A Gather a norm reads in place (see [`crate::fuse_norm`]): the table's
+/// A Gather a norm reads in place (see [`crate::fuse::norm`]): the table's
 /// address, rows and storage, the ids' address and width, and the
 /// Gather's node (named by an out-of-range id).
 #[derive(Debug, Clone, Copy)]
@@ -1747,21 +1544,6 @@ fn norm_warp_kernel(d: usize, ptrs: [u64; 6], types: [Dt; 6]) -> Option<&'static
         (Dt::F16, _, true) => "norm_warp_f16_f16_4",
         (Dt::F16, _, false) => "norm_warp_f16_f16_8",
     })
-}
-
-/// `out = act(x)` elementwise in any storage (in place when `out == x`).
-fn activation_launch(out: u64, x: u64, n: usize, act: Activation, to: Dt, tx: Dt) -> Launch {
-    let mut args = vec![
-        Arg::P(out),
-        Arg::P(x),
-        Arg::L(n as i64),
-        Arg::I(act_code(Some(act))),
-    ];
-    if to == Dt::F32 && tx == Dt::F32 {
-        return elementwise("activation", n, args);
-    }
-    args.extend([Arg::I(to.code()), Arg::I(tx.code())]);
-    elementwise("activation_x", n, args)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -2037,6 +1819,7 @@ fn attention<A: Addr>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::views::view_of;
 
     fn addr(id: NodeId) -> Option<u64> {
         Some(0x10_0000 * (id.0 as u64 + 1))
