@@ -1,6 +1,6 @@
 // f32 kernels of the CUDA backend (the `kernels` module lists their names).
-// Compiled by NVRTC at run time (rlx-cuda's `cu` module); `#include "common.cuh"` is
-// expanded there, so the file also builds with nvcc as is.
+// Compiled by NVRTC at run time (rlx-cuda's `cu` module), which expands the include of
+// common.cuh itself, so the file also builds with nvcc as is.
 #include "common.cuh"
 
 #define MAXR 8

@@ -1,6 +1,6 @@
 // Mixed-precision kernels (type codes 0 f32, 1 bf16, 2 f16; see the `mixed` module).
-// Compiled by NVRTC at run time (rlx-cuda's `cu` module); `#include "common.cuh"` is
-// expanded there, so the file also builds with nvcc as is.
+// Compiled by NVRTC at run time (rlx-cuda's `cu` module), which expands the include of
+// common.cuh itself, so the file also builds with nvcc as is.
 #include "common.cuh"
 
 // Fused attention, online softmax, f32 accumulation. grid (ceil(Sq / (W R)), Hq, B),
