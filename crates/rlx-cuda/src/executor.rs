@@ -2,6 +2,7 @@
 //! once, thunks as one launch per op, compiled segments as CUDA graphs.
 
 use crate::device::{DeviceBuffer, Gpu, Graph as CuGraph, Pinned};
+use crate::error::CudaError;
 use crate::fuse::{find_fusions, fused_ticks, Fusion};
 use crate::launch::{epilogue_launch, Arg, Launch};
 use crate::lower::{lower, Env, WithStore};
@@ -173,8 +174,25 @@ struct Prep {
     names: Vec<String>,
 }
 
-fn rt(message: String) -> RuntimeError {
+/// A device failure as a run-time error ([`RuntimeError::Device`], or
+/// `Unsupported` for [`CudaError::Unsupported`]).
+fn rt(e: CudaError) -> RuntimeError {
+    e.into()
+}
+
+/// Something this backend cannot do with these models or params.
+fn unsupported(message: String) -> RuntimeError {
     RuntimeError::Unsupported(message)
+}
+
+/// A device failure while working on `node`: `Unsupported` becomes the
+/// node's kernel error (as before), the rest [`RuntimeError::Device`] with
+/// the node named.
+fn node_err(graph: &Graph, node: NodeId, e: CudaError) -> RuntimeError {
+    match e {
+        CudaError::Unsupported(m) => kernel_err(graph, node, m),
+        e => RuntimeError::Device(Box::new(e.at_node(node))),
+    }
 }
 
 fn kernel_err(graph: &Graph, node: NodeId, message: String) -> RuntimeError {
@@ -235,7 +253,7 @@ impl Work {
 unsafe impl Send for Ready {}
 
 impl Ready {
-    fn issue(&self, gpu: &Gpu) -> Result<(), String> {
+    fn issue(&self, gpu: &Gpu) -> Result<(), CudaError> {
         let stream = gpu.stream.cu_stream();
         match &self.work {
             Work::Kernel {
@@ -266,19 +284,19 @@ impl Ready {
                         &mut ptrs,
                     )
                 }
-                .map_err(|e| format!("launch: {e:?}"))
+                .map_err(|e| CudaError::driver("launch", e))
             }
             Work::Gemm(g) => crate::lt::gemm_ex(gpu, g),
             Work::Lt(m) => m.issue(gpu),
             Work::Copy { dst, src, bytes } => {
                 // SAFETY: both ranges lie in live device allocations (lowered from the plan).
                 unsafe { drv::memcpy_dtod_async(*dst, *src, *bytes, stream) }
-                    .map_err(|e| format!("copy: {e:?}"))
+                    .map_err(|e| CudaError::driver("copy", e))
             }
             Work::Zero { dst, bytes } => {
                 // SAFETY: the range lies in a live device allocation.
                 unsafe { drv::memset_d8_async(*dst, 0, *bytes, stream) }
-                    .map_err(|e| format!("memset: {e:?}"))
+                    .map_err(|e| CudaError::driver("memset", e))
             }
         }
     }
@@ -295,7 +313,7 @@ fn launch_grid_dep(
     smem: u32,
     stream: drv_sys::CUstream,
     params: &mut [*mut c_void],
-) -> Result<(), String> {
+) -> Result<(), CudaError> {
     // SAFETY: a zeroed attribute is a valid plain-data value; the id and the
     // union field set next are the ones the driver reads.
     let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -318,7 +336,7 @@ fn launch_grid_dep(
     // config and its one attribute live across the call.
     unsafe { drv_sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
         .result()
-        .map_err(|e| format!("launch: {e:?}"))
+        .map_err(|e| CudaError::driver("launch", e))
 }
 
 /// One executable step with resolved work.
@@ -657,7 +675,7 @@ impl CudaModel {
 
     /// Copy the staged inputs into their arena slots (one copy over the
     /// span of the input slots), on the stream.
-    fn upload_inputs(&self) -> Result<(), String> {
+    fn upload_inputs(&self) -> Result<(), CudaError> {
         let (lo, hi) = self.in_span;
         if hi == lo {
             return Ok(());
@@ -668,7 +686,7 @@ impl CudaModel {
         unsafe {
             drv::memcpy_htod_async(self.arena.ptr + lo as u64, src, self.gpu.stream.cu_stream())
         }
-        .map_err(|e| format!("cuda: input upload: {e:?}"))
+        .map_err(|e| CudaError::driver("input upload", e))
     }
 
     /// The copies that bring a run's results to `out_stage`: (stage offset,
@@ -689,7 +707,7 @@ impl CudaModel {
     }
 
     /// Issue `downloads` on the stream.
-    fn download_outputs(&self, downloads: &[(usize, u64, usize)]) -> Result<(), String> {
+    fn download_outputs(&self, downloads: &[(usize, u64, usize)]) -> Result<(), CudaError> {
         let stream = self.gpu.stream.cu_stream();
         let stage = self.out_stage.host_ptr();
         for &(at, src, bytes) in downloads {
@@ -707,7 +725,7 @@ impl CudaModel {
                 )
                 .result()
             }
-            .map_err(|e| format!("cuda: output download: {e:?}"))?;
+            .map_err(|e| CudaError::driver("output download", e))?;
         }
         Ok(())
     }
@@ -733,8 +751,8 @@ impl CudaModel {
         names: &[String],
     ) -> Result<(), RuntimeError> {
         if !Arc::ptr_eq(&self.gpu.ctx, &from.gpu.ctx) {
-            return Err(rt(
-                "share_params: the models are on different devices".into()
+            return Err(unsupported(
+                "share_params: the models are on different devices".into(),
             ));
         }
         from.gpu.bind().map_err(rt)?;
@@ -748,13 +766,13 @@ impl CudaModel {
                 .get(name)
                 .ok_or_else(|| RuntimeError::UnknownParam { name: name.clone() })?;
             if shape != theirs {
-                return Err(rt(format!(
+                return Err(unsupported(format!(
                     "share_params: param '{name}' is {shape} here and {theirs} in the other model"
                 )));
             }
             let (mine, other) = (self.core.param_store(name), from.core.param_store(name));
             if mine != other {
-                return Err(rt(format!(
+                return Err(unsupported(format!(
                     "share_params: param '{name}' is stored as {mine:?} here and {other:?} in the other model"
                 )));
             }
@@ -770,7 +788,8 @@ impl CudaModel {
             let buf = match from.dev_params.get(name) {
                 Some(b) if !fresh => b.clone(),
                 _ => {
-                    let bytes = device_bytes(&host, from.core.param_store(name)).map_err(rt)?;
+                    let bytes =
+                        device_bytes(&host, from.core.param_store(name)).map_err(unsupported)?;
                     let b = match from.dev_params.get(name) {
                         Some(b) if b.bytes == bytes.len() => b.clone(),
                         _ => {
@@ -884,7 +903,7 @@ impl CudaModel {
                         self.upload_inputs()?;
                     }
                     for r in &ready {
-                        r.issue(gpu).map_err(|e| format!("node {}: {e}", r.node))?;
+                        r.issue(gpu).map_err(|e| e.at_node(r.node))?;
                     }
                     if last {
                         self.download_outputs(&downloads)?;
@@ -943,7 +962,7 @@ impl CudaModel {
             Launch::Gemm(mut g) => {
                 g.tf32 = self.core.store.precision == Precision::Tf32;
                 match crate::lt::LtMatmul::plan(&self.gpu, &g)
-                    .map_err(|e| kernel_err(graph, node, e))?
+                    .map_err(|e| node_err(graph, node, e))?
                 {
                     Some(m) => Work::Lt(Box::new(m)),
                     None => {
@@ -966,7 +985,7 @@ impl CudaModel {
                 args,
             } => {
                 let f = crate::device::dynamic_function(&self.gpu, &name, &source)
-                    .map_err(|e| kernel_err(graph, node, e))?;
+                    .map_err(|e| node_err(graph, node, e))?;
                 Work::Kernel {
                     name: "fused-chain",
                     f,
@@ -1031,7 +1050,7 @@ impl CudaModel {
             // Converted to the storage plan: transposed matmul weights, 16-bit
             // in a half precision.
             let bytes = device_bytes(t, self.core.param_store(&name))
-                .map_err(|e| rt(format!("param '{name}': {e}")))?;
+                .map_err(|e| unsupported(format!("param '{name}': {e}")))?;
             match self.dev_params.get(&name) {
                 Some(b) if b.bytes == bytes.len() => b.upload(&bytes).map_err(rt)?,
                 _ => {
@@ -1115,8 +1134,7 @@ impl CudaModel {
                             let _ = self.gpu.sync();
                             std::time::Instant::now()
                         });
-                        r.issue(&self.gpu)
-                            .map_err(|e| kernel_err(graph, r.node, e))?;
+                        r.issue(&self.gpu).map_err(|e| node_err(graph, r.node, e))?;
                         if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
                             self.gpu.sync().map_err(rt)?;
                             let key = format!("{} {}", graph.node(r.node).op.name(), r.work.kind());

@@ -39,6 +39,7 @@
 
 mod cu;
 mod device;
+mod error;
 mod executor;
 mod fuse;
 mod kernels;
@@ -53,5 +54,6 @@ mod store;
 mod views;
 
 pub use device::cuda_available;
+pub use error::CudaError;
 pub use executor::{plan, CudaModel, CudaOptions, CudaPlan, CudaSegmentCompiler, SegmentPlan};
 pub use rlx_runtime::Precision;
