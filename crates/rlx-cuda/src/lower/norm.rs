@@ -46,7 +46,7 @@ pub(super) fn norm<A: Addr>(
     });
     let warp_kernel = warp_kernel.flatten();
     if gathered && warp_kernel.is_none() {
-        // fuse_norm only lets gathers feed norms this kernel runs; an
+        // fuse::norm only lets gathers feed norms this kernel runs; an
         // unaligned address is the one way here.
         return Err(format!(
             "rows of {d} values: a norm reading its gathers needs the one-warp kernel (4-element aligned operands)"
