@@ -82,14 +82,14 @@ template <int BM, int BN, int KS>
 __global__ void __launch_bounds__(BM * 2) gemm_ks(__nv_bfloat16* out, const __nv_bfloat16* a,
                                                   const __nv_bfloat16* w, const __nv_bfloat16* bias,
                                                   int M, int N, int K, int mode) {
-    extern __shared__ __align__(16) unsigned char dsm[];
+    extern __shared__ __align__(16) unsigned char ks_dsm[];
     constexpr int NT = BM * 2;
     const unsigned short* A = (const unsigned short*)a;
     const unsigned short* W = (const unsigned short*)w;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int ks = K / KS, kv = ks >> 3, ld = ks + 8;
     int n0 = blockIdx.x * BN, k0 = blockIdx.y * ks, m0 = blockIdx.z * BM;
-    unsigned short* sa = (unsigned short*)dsm;
+    unsigned short* sa = (unsigned short*)ks_dsm;
     unsigned short* sw = sa + BM * ld;
     float* red = (float*)(sw + BN * ld);
     constexpr int RL = BN + 4;
