@@ -28,7 +28,7 @@ use crate::kernels::packed_gemm::{gemm_packed, PackedB};
 use crate::kernels::{elementwise, matmul, norm, softmax, In, Out};
 use rayon::prelude::*;
 use rlx_ir::{Activation, BinaryOp, DType, Graph, Node, NodeId, Op, ReduceOp, Shape};
-use rlx_runtime::hybrid::{SegmentCompiler, SubGraph};
+use rlx_runtime::hybrid::{Decline, SegmentCompiler, SubGraph};
 use std::sync::Mutex;
 
 /// Rows per chunk at most; bounds scratch memory and keeps chunks in cache.
@@ -88,7 +88,7 @@ impl SegmentCompiler for FusedCompiler {
         "cpu-fused"
     }
 
-    fn claims(&self, g: &Graph, n: &Node) -> Result<(), String> {
+    fn claims(&self, g: &Graph, n: &Node) -> Result<(), Decline> {
         let f32s = n.shape.dtype == DType::F32
             && n.inputs
                 .iter()
@@ -122,7 +122,8 @@ impl SegmentCompiler for FusedCompiler {
                             "operand {} does not broadcast over rows of {}",
                             in_shape(k),
                             n.shape
-                        ));
+                        )
+                        .into());
                     }
                 }
                 Ok(())
@@ -143,12 +144,12 @@ impl SegmentCompiler for FusedCompiler {
             Op::Gather { axis: 0 } if in_shape(0).rank() == 2 && is_weight(g, n.inputs[0]) => {
                 Ok(())
             }
-            other => Err(format!("{} is not row-local", other.name())),
+            other => Err(format!("{} is not row-local", other.name()).into()),
         }
     }
 
-    fn try_lower(&self, sub: &SubGraph) -> Result<FusedPlan, String> {
-        FusedPlan::lower(sub)
+    fn try_lower(&self, sub: &SubGraph) -> Result<FusedPlan, Decline> {
+        FusedPlan::lower(sub).map_err(Decline::from)
     }
 }
 

@@ -13,7 +13,7 @@ use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_ir::{Graph, Node, NodeId, Op, Shape, Tensor};
 use rlx_runtime::bind::{check_buffer, split_static, tensor_bytes, tensor_from_bytes, StaticSplit};
 use rlx_runtime::hybrid::{
-    build_plan, HybridPlan, PlanReport, SegmentCompiler, SplitPolicy, Step, SubGraph,
+    build_plan, Decline, HybridPlan, PlanReport, SegmentCompiler, SplitPolicy, Step, SubGraph,
 };
 use rlx_runtime::memory::{plan_memory, MemoryPlan, Tick};
 use rlx_runtime::{Executable, MemoryStats, Precision, RuntimeError, TensorRef};
@@ -124,20 +124,19 @@ impl SegmentCompiler for CudaSegmentCompiler {
         "cuda-graph"
     }
 
-    fn claims(&self, graph: &Graph, node: &Node) -> Result<(), String> {
-        lower(graph, node, &dummy_addr, &mut Vec::new()).map(|_| ())
+    fn claims(&self, graph: &Graph, node: &Node) -> Result<(), Decline> {
+        lower(graph, node, &dummy_addr, &mut Vec::new())
+            .map(|_| ())
+            .map_err(|e| Decline::at(node.id, e))
     }
 
-    fn try_lower(&self, sub: &SubGraph) -> Result<SegmentPlan, String> {
+    fn try_lower(&self, sub: &SubGraph) -> Result<SegmentPlan, Decline> {
         let g = &sub.graph;
         for n in g.nodes() {
             if !n.op.is_leaf() {
                 lower(g, n, &dummy_addr, &mut Vec::new()).map_err(|e| {
-                    format!(
-                        "node {} ({}): {e}",
-                        sub.parent_of[n.id.index()],
-                        n.op.name()
-                    )
+                    let parent = sub.parent_of[n.id.index()];
+                    Decline::at(parent, format!("node {parent} ({}): {e}", n.op.name()))
                 })?;
             }
         }
@@ -1283,5 +1282,32 @@ impl Executable for CudaModel {
             naive_bytes: self.core.mem.naive_bytes,
             scratch_bytes: self.core.scratch_bytes,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlx_ir::{MaskKind, Op, Shape};
+
+    /// The segment compiler says which node it cannot take and why (no
+    /// device needed: capability is checked with dummy addresses).
+    #[test]
+    fn declines_name_the_node_and_the_reason() {
+        let mut g = Graph::new("decline");
+        let q = g.input("q", Shape::f32(&[1, 2, 256]));
+        let op = Op::Attention {
+            num_heads: 1,
+            head_dim: 256,
+            mask_kind: MaskKind::None,
+            score_scale: None,
+            attn_logit_softcap: None,
+        };
+        let a = g.push(op, vec![q, q, q]).unwrap();
+        let d = CudaSegmentCompiler.claims(&g, g.node(a)).unwrap_err();
+        assert_eq!(d.node, Some(a));
+        assert!(d.reason.contains("head_dim 256"), "{d}");
+        assert_eq!(d.to_string(), d.reason);
+        assert_eq!(CudaSegmentCompiler.claims(&g, g.node(q)), Ok(()));
     }
 }

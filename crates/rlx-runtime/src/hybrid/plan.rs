@@ -2,6 +2,45 @@ use super::split::{describe, push_thunk, split_by};
 use super::{extract, CompiledSegment, Segment, SplitPolicy, SubGraph};
 use rlx_ir::{Graph, Node, NodeId};
 
+/// Why a segment compiler does not take a node or a segment: its reason,
+/// and the node it is about when one node is the cause.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decline {
+    /// What the compiler lacks (shapes, dtypes, the op), for the plan.
+    pub reason: String,
+    /// The node that caused it (an id of the graph the planner split), if
+    /// one did.
+    pub node: Option<NodeId>,
+}
+
+impl Decline {
+    /// A decline caused by `node`.
+    pub fn at(node: NodeId, reason: impl Into<String>) -> Decline {
+        Decline {
+            reason: reason.into(),
+            node: Some(node),
+        }
+    }
+}
+
+impl std::fmt::Display for Decline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl From<String> for Decline {
+    fn from(reason: String) -> Decline {
+        Decline { reason, node: None }
+    }
+}
+
+impl From<&str> for Decline {
+    fn from(reason: &str) -> Decline {
+        Decline::from(reason.to_string())
+    }
+}
+
 /// A backend's segment compiler.
 pub trait SegmentCompiler {
     /// The backend's lowered form of one segment.
@@ -12,10 +51,10 @@ pub trait SegmentCompiler {
 
     /// Capability: `Ok` when this compiler can take `node` (seen in its
     /// graph, so shapes count), or the reason it cannot.
-    fn claims(&self, graph: &Graph, node: &Node) -> Result<(), String>;
+    fn claims(&self, graph: &Graph, node: &Node) -> Result<(), Decline>;
 
     /// Lower one extracted segment, or say why not.
-    fn try_lower(&self, sub: &SubGraph) -> Result<Self::Lowered, String>;
+    fn try_lower(&self, sub: &SubGraph) -> Result<Self::Lowered, Decline>;
 }
 
 /// One executable step.
@@ -198,7 +237,7 @@ pub fn build_plan<C: SegmentCompiler>(
                                 Some(format!("declined: {} segment: {why}", compiler.name()));
                             push_thunk_step(&mut steps, &mut thunks, graph, n.index());
                         }
-                        declined.push((seg.nodes[0], why));
+                        declined.push((seg.nodes[0], why.reason));
                     }
                 }
             }
