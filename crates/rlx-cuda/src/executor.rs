@@ -11,7 +11,10 @@ use crate::views::{view_of, view_of_st};
 use cudarc::driver::{result as drv, sys as drv_sys};
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_ir::{Graph, Node, NodeId, Op, Shape, Tensor};
-use rlx_runtime::bind::{check_buffer, split_static, tensor_bytes, tensor_from_bytes, StaticSplit};
+use rlx_runtime::bind::{
+    bind_inputs, check_params_set, param_shape, param_tensor_shape, split_static, tensor_bytes,
+    tensor_from_bytes, StaticSplit,
+};
 use rlx_runtime::hybrid::{
     build_plan, Decline, HybridPlan, PlanReport, SegmentCompiler, SplitPolicy, Step, SubGraph,
 };
@@ -1064,45 +1067,8 @@ impl CudaModel {
     }
 
     fn run_inner(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {
-        let mut bound: Vec<Option<TensorRef<'_>>> = vec![None; self.inputs.len()];
-        for (name, data) in inputs {
-            let Some(pos) = self.inputs.iter().position(|(n, _, _)| n == name) else {
-                return Err(RuntimeError::UnknownInput {
-                    name: name.to_string(),
-                    known: self
-                        .inputs
-                        .iter()
-                        .map(|i| i.0.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                });
-            };
-            if bound[pos].is_some() {
-                return Err(RuntimeError::DuplicateInput {
-                    name: name.to_string(),
-                });
-            }
-            check_buffer(name, &self.inputs[pos].2, data)?;
-            bound[pos] = Some(*data);
-        }
-        if let Some(pos) = bound.iter().position(|b| b.is_none()) {
-            return Err(RuntimeError::MissingInput {
-                name: self.inputs[pos].0.clone(),
-                shape: self.inputs[pos].2.clone(),
-            });
-        }
-        let mut missing: Vec<_> = self
-            .param_shapes
-            .iter()
-            .filter(|(n, _)| !self.params.contains_key(*n))
-            .collect();
-        missing.sort_by(|a, b| a.0.cmp(b.0));
-        if let Some((name, shape)) = missing.first() {
-            return Err(RuntimeError::MissingParam {
-                name: name.to_string(),
-                shape: (*shape).clone(),
-            });
-        }
+        let bound = bind_inputs(&self.inputs, inputs)?;
+        check_params_set(&self.param_shapes, |n| self.params.contains_key(n))?;
         self.gpu.bind().map_err(rt)?;
         self.sync_params()?;
         if self.exec.is_none() {
@@ -1117,7 +1083,7 @@ impl CudaModel {
                 let Some(at) = self.in_offsets[pos] else {
                     continue;
                 };
-                let b = data.as_ref().expect("checked above").as_bytes();
+                let b = data.as_bytes();
                 stage[at..at + b.len()].copy_from_slice(b);
             }
         }
@@ -1217,11 +1183,7 @@ impl Drop for CudaModel {
 
 impl Executable for CudaModel {
     fn set_param(&mut self, name: &str, value: TensorRef<'_>) -> Result<(), RuntimeError> {
-        let shape = self
-            .param_shapes
-            .get(name)
-            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
-        check_buffer(name, shape, &value)?;
+        let shape = param_shape(&self.param_shapes, name, &value)?;
         self.params.insert(name.to_string(), value.to_tensor(shape));
         self.stale.insert(name.to_string());
         self.prep_dirty = self.prep.is_some();
@@ -1229,18 +1191,7 @@ impl Executable for CudaModel {
     }
 
     fn set_param_tensor(&mut self, name: &str, value: Tensor) -> Result<(), RuntimeError> {
-        let shape = self
-            .param_shapes
-            .get(name)
-            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
-        if !value.data.fits(shape) {
-            return Err(RuntimeError::WrongLength {
-                name: name.into(),
-                shape: shape.clone(),
-                expected: shape.numel(),
-                got: value.data.len(),
-            });
-        }
+        param_tensor_shape(&self.param_shapes, name, &value)?;
         self.params.insert(name.to_string(), value);
         self.stale.insert(name.to_string());
         self.prep_dirty = self.prep.is_some();
