@@ -10,6 +10,9 @@
 // timed: empty kernels (the per-launch floor, with clusters, dynamic shared
 // memory and programmatic launch) and the host side of one inference (n
 // small pinned copies in, one kernel, m copies out, stream sync).
+// Also timed: rlx's own small-matmul kernels (`gemm_pf_bf16_*`, the ones the
+// CUDA backend ships: crates/rlx-cuda/src/cu/mixed.cu is #included below, so
+// this file benchmarks the real kernel source, not a copy).
 // Results and what they mean: bench/results/gpu_h200.md.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o gemm_small bench/cuda/gemm_small.cu -lcublasLt
@@ -27,6 +30,9 @@
 #include <cstdlib>
 #include <functional>
 #include <vector>
+
+// The rlx kernels themselves (with their prelude, common.cuh).
+#include "../../crates/rlx-cuda/src/cu/mixed.cu"
 
 #define CK(x)                                                                        \
     do {                                                                             \
@@ -76,14 +82,14 @@ template <int BM, int BN, int KS>
 __global__ void __launch_bounds__(BM * 2) gemm_ks(__nv_bfloat16* out, const __nv_bfloat16* a,
                                                   const __nv_bfloat16* w, const __nv_bfloat16* bias,
                                                   int M, int N, int K, int mode) {
-    extern __shared__ __align__(16) unsigned char dsm[];
+    extern __shared__ __align__(16) unsigned char ks_dsm[];
     constexpr int NT = BM * 2;
     const unsigned short* A = (const unsigned short*)a;
     const unsigned short* W = (const unsigned short*)w;
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int ks = K / KS, kv = ks >> 3, ld = ks + 8;
     int n0 = blockIdx.x * BN, k0 = blockIdx.y * ks, m0 = blockIdx.z * BM;
-    unsigned short* sa = (unsigned short*)dsm;
+    unsigned short* sa = (unsigned short*)ks_dsm;
     unsigned short* sw = sa + BM * ld;
     float* red = (float*)(sw + BN * ld);
     constexpr int RL = BN + 4;
@@ -364,6 +370,29 @@ int main() {
             if (t < best) { best = t; besti = i; }
         }
         printf("M=%d N=%d K=%d cuBLASLt best of %d: %.2f us (#%d)\n", M, N, K, nres, best, besti);
+        // rlx's gemm_pf (bias, no activation), each column tile that fits
+        // (as crates/rlx-cuda/src/mixed.rs gemm_pf_smem / GEMM_PF_SMEM_MAX).
+        {
+            struct Pf { int bn; const void* f; } pfs[3] = {
+                {16, (const void*)gemm_pf_bf16_16}, {32, (const void*)gemm_pf_bf16_32}, {64, (const void*)gemm_pf_bf16_64}};
+            for (auto& pf : pfs) {
+                size_t smem = std::max((size_t)(pf.bn + 16) * (K + 8) * 2, (size_t)4 * 16 * (pf.bn + 4) * 4);
+                if (N % pf.bn || smem > 99 * 1024) continue;
+                CK(cudaFuncSetAttribute(pf.f, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                cudaLaunchConfig_t cfg = {};
+                cfg.gridDim = dim3(N / pf.bn, (M + 15) / 16, 1);
+                cfg.blockDim = dim3(128);
+                cfg.dynamicSmemBytes = smem;
+                cfg.stream = s;
+                int act = RLX_ACT_IDENTITY, tbias = 1;
+                auto launch = [&] {
+                    void* args[] = {(void*)&dref, (void*)&da, (void*)&dw, (void*)&db, (void*)&M, (void*)&N,
+                                    (void*)&K, (void*)&K, (void*)&act, (void*)&tbias};
+                    CK(cudaLaunchKernelExC(&cfg, pf.f, args));
+                };
+                printf("M=%d N=%d K=%d rlx gemm_pf_bf16_%d: %.2f us\n", M, N, K, pf.bn, time_graph(s, launch));
+            }
+        }
         CL(cublasLtMatmul(lt, op, &one, dw, la, da, lb, &zero, dref, lc, dref, lc, &res[0].algo, ws, wsz, s));
         CK(cudaStreamSynchronize(s));
         std::vector<__nv_bfloat16> href((size_t)M * N), hout((size_t)M * N);

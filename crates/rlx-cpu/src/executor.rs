@@ -7,7 +7,10 @@ use crate::kernels::packed_gemm::PackedB;
 use crate::kernels::quant_panels::{panels_wanted, QuantPanels};
 use crate::kernels::{self, In};
 use rlx_ir::{Graph, Node, NodeId, Op, Tensor, TensorData};
-use rlx_runtime::bind::{check_buffer, split_static, tensor_from_bytes, StaticSplit};
+use rlx_runtime::bind::{
+    bind_inputs, check_params_set, param_shape, param_tensor_shape, split_static,
+    tensor_from_bytes, StaticSplit,
+};
 use rlx_runtime::hybrid::{build_plan, HybridPlan, PlanReport, SplitPolicy, Step};
 use rlx_runtime::memory::{plan_memory, MemoryPlan};
 use rlx_runtime::{Executable, MemoryStats, RuntimeError, TensorRef, Thunk, ThunkSchedule};
@@ -1066,50 +1069,14 @@ impl CpuModel {
     }
 
     fn run_inner(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {
-        let mut bound: HashMap<NodeId, TensorRef<'_>> = HashMap::new();
-        let mut seen = HashSet::new();
-        for (name, data) in inputs {
-            let Some((_, id, shape)) = self.inputs.iter().find(|(n, _, _)| n == name) else {
-                return Err(RuntimeError::UnknownInput {
-                    name: name.to_string(),
-                    known: self
-                        .inputs
-                        .iter()
-                        .map(|i| i.0.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                });
-            };
-            if !seen.insert(*name) {
-                return Err(RuntimeError::DuplicateInput {
-                    name: name.to_string(),
-                });
-            }
-            check_buffer(name, shape, data)?;
-            bound.insert(*id, *data);
-        }
-        if let Some((name, _, shape)) = self
+        let given = bind_inputs(&self.inputs, inputs)?;
+        let bound: HashMap<NodeId, TensorRef<'_>> = self
             .inputs
             .iter()
-            .find(|(n, _, _)| !seen.contains(n.as_str()))
-        {
-            return Err(RuntimeError::MissingInput {
-                name: name.clone(),
-                shape: shape.clone(),
-            });
-        }
-        let mut missing: Vec<_> = self
-            .param_shapes
-            .iter()
-            .filter(|(n, _)| !self.params.contains_key(*n))
+            .zip(given)
+            .map(|((_, id, _), t)| (*id, t))
             .collect();
-        missing.sort_by(|a, b| a.0.cmp(b.0));
-        if let Some((name, shape)) = missing.first() {
-            return Err(RuntimeError::MissingParam {
-                name: name.to_string(),
-                shape: (*shape).clone(),
-            });
-        }
+        check_params_set(&self.param_shapes, |n| self.params.contains_key(n))?;
         self.prepare()?;
         self.core.execute(
             &bound,
@@ -1156,29 +1123,14 @@ impl CpuModel {
 
 impl Executable for CpuModel {
     fn set_param(&mut self, name: &str, value: TensorRef<'_>) -> Result<(), RuntimeError> {
-        let shape = self
-            .param_shapes
-            .get(name)
-            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
-        check_buffer(name, shape, &value)?;
+        let shape = param_shape(&self.param_shapes, name, &value)?;
         self.params.insert(name.to_string(), value.to_tensor(shape));
         self.param_changed(name);
         Ok(())
     }
 
     fn set_param_tensor(&mut self, name: &str, value: Tensor) -> Result<(), RuntimeError> {
-        let shape = self
-            .param_shapes
-            .get(name)
-            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
-        if !value.data.fits(shape) {
-            return Err(RuntimeError::WrongLength {
-                name: name.into(),
-                shape: shape.clone(),
-                expected: shape.numel(),
-                got: value.data.len(),
-            });
-        }
+        param_tensor_shape(&self.param_shapes, name, &value)?;
         self.params.insert(name.to_string(), value);
         self.param_changed(name);
         Ok(())

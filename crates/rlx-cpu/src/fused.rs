@@ -25,11 +25,11 @@
 
 use crate::fused_cost::{llc_bytes, SegmentTraffic};
 use crate::kernels::packed_gemm::{gemm_packed, PackedB};
-use crate::kernels::rope::{rope_rows_inplace, rope_tables, RopeSpec};
+use crate::kernels::rope::{rope_rows_inplace, rope_tables_cached, RopeSpec};
 use crate::kernels::{elementwise, matmul, norm, softmax, In, Out};
 use rayon::prelude::*;
 use rlx_ir::{Activation, BinaryOp, DType, Graph, Node, NodeId, Op, ReduceOp, Shape};
-use rlx_runtime::hybrid::{SegmentCompiler, SubGraph};
+use rlx_runtime::hybrid::{Decline, SegmentCompiler, SubGraph};
 use std::sync::Mutex;
 
 /// Rows per chunk at most; bounds scratch memory and keeps chunks in cache.
@@ -93,14 +93,15 @@ impl SegmentCompiler for FusedCompiler {
         "cpu-fused"
     }
 
-    fn claims(&self, g: &Graph, n: &Node) -> Result<(), String> {
+    fn claims(&self, g: &Graph, n: &Node) -> Result<(), Decline> {
         let ids_ok = |k: usize| matches!(g.node(n.inputs[k]).shape.dtype, DType::I64 | DType::I32);
         match &n.op {
             Op::Cast { to } if g.node(n.inputs[0]).shape.dtype != *to => {
                 return Err(format!(
                     "Cast {} -> {to} changes the dtype: fused plans hold f32 scratch only",
                     g.node(n.inputs[0]).shape.dtype
-                ))
+                )
+                .into())
             }
             Op::Transpose { .. } => {
                 return Err(
@@ -118,7 +119,8 @@ impl SegmentCompiler for FusedCompiler {
             Op::Concat { axis } if *axis + 1 != n.shape.rank() => {
                 return Err(format!(
                     "Concat over axis {axis} interleaves rows: only last-axis Concat is fused"
-                ))
+                )
+                .into())
             }
             Op::Rope { .. } if !ids_ok(1) => return Err("Rope positions are not i32/i64".into()),
             _ => {}
@@ -158,7 +160,8 @@ impl SegmentCompiler for FusedCompiler {
                             "operand {} does not broadcast over rows of {}",
                             in_shape(k),
                             n.shape
-                        ));
+                        )
+                        .into());
                     }
                 }
                 Ok(())
@@ -187,12 +190,12 @@ impl SegmentCompiler for FusedCompiler {
                 Ok(())
             }
             Op::Concat { .. } => Ok(()),
-            other => Err(format!("{} is not row-local", other.name())),
+            other => Err(format!("{} is not row-local", other.name()).into()),
         }
     }
 
-    fn try_lower(&self, sub: &SubGraph) -> Result<FusedPlan, String> {
-        FusedPlan::lower(sub)
+    fn try_lower(&self, sub: &SubGraph) -> Result<FusedPlan, Decline> {
+        FusedPlan::lower(sub).map_err(Decline::from)
     }
 }
 
@@ -1240,8 +1243,8 @@ fn run_fop(
             };
             // The same tables (f64 angles) as the Rope thunk, for this
             // chunk's rows: hybrid equals thunks bit for bit.
-            let (cos, sin) = rope_tables(spec, &positions);
-            rope_rows_inplace(spec, &mut o[..nr * w], w, &cos, &sin, |r| r)
+            let tables = rope_tables_cached(spec, &positions);
+            rope_rows_inplace(spec, &mut o[..nr * w], w, &tables.0, &tables.1, |r| r)
                 .map_err(|e| e.to_string())?;
             bufs[out] = o;
         }

@@ -1,8 +1,8 @@
 //! Device plumbing: context, stream, cuBLAS handle, the NVRTC module cache,
 //! device and pinned buffers, captured graphs.
 
-use crate::kernels::{KERNELS, SOURCE};
-use crate::{kv, mixed, quant};
+use crate::error::CudaError;
+use crate::{cu, kernels, kv, mixed, quant};
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaStream};
 use std::collections::HashMap;
@@ -12,6 +12,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Whether the CUDA driver, NVRTC and cuBLAS libraries can be loaded and a
 /// device is present: `Ok(device count)` or why not. Never panics.
 pub fn cuda_available() -> Result<usize, String> {
+    device_count().map_err(|e| e.to_string())
+}
+
+/// [`cuda_available`] with a typed error: `Unsupported` when a library or
+/// a device is missing, `Driver` when the driver fails.
+fn device_count() -> Result<usize, CudaError> {
     // SAFETY: these only try to open the shared libraries; nothing is called through them.
     let (d, n, b) = unsafe {
         (
@@ -26,14 +32,29 @@ pub fn cuda_available() -> Result<usize, String> {
         .map(|(_, name)| *name)
         .collect();
     if !missing.is_empty() {
-        return Err(format!("CUDA libraries not found: {}", missing.join(", ")));
+        return Err(CudaError::Unsupported(format!(
+            "CUDA libraries not found: {}",
+            missing.join(", ")
+        )));
     }
-    drv::init().map_err(|e| format!("cuInit failed: {e:?}"))?;
-    let n = drv::device::get_count().map_err(|e| format!("cuDeviceGetCount failed: {e:?}"))?;
+    drv::init().map_err(|e| CudaError::driver("cuInit", e))?;
+    let n = drv::device::get_count().map_err(|e| CudaError::driver("cuDeviceGetCount", e))?;
     if n <= 0 {
-        return Err("no CUDA device".into());
+        return Err(CudaError::Unsupported("no CUDA device".into()));
     }
     Ok(n as usize)
+}
+
+/// An NVRTC failure of `module`, with the compiler's log when there is one.
+fn nvrtc_err(module: &str, e: cudarc::nvrtc::CompileError) -> CudaError {
+    let log = match &e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+        e => format!("{e:?}"),
+    };
+    CudaError::Nvrtc {
+        module: module.to_string(),
+        log,
+    }
 }
 
 /// Serializes stream capture against calls that synchronize the device
@@ -46,33 +67,21 @@ pub(crate) fn device_lock() -> std::sync::MutexGuard<'static, ()> {
     DEVICE_LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Every NVRTC module: its CUDA C source and the kernels it exports.
-const MODULES: &[(&str, &[&str])] = &[
-    (SOURCE, KERNELS),
-    (quant::SOURCE, quant::KERNELS),
-    (kv::SOURCE, kv::KERNELS),
-    (mixed::SOURCE, mixed::KERNELS),
+/// Every NVRTC module: its name, its CUDA C file (`cu/`, before
+/// [`cu::expand`]) and the kernels it exports.
+const MODULES: &[(&str, &str, &[&str])] = &[
+    ("kernels", cu::KERNELS_CU, kernels::KERNELS),
+    ("quant", cu::QUANT_CU, quant::KERNELS),
+    ("kv", cu::KV_CU, kv::KERNELS),
+    ("mixed", cu::MIXED_CU, mixed::KERNELS),
 ];
 
 /// Prepended to every module: `RLX_GRID_DEP()` opens each kernel (see
-/// [`with_grid_dep`]). On compute capability 9.0+ it lets the next kernel
-/// launch now (its blocks take free SMs and wait), then waits until every
-/// grid this one depends on has finished and its writes are visible.
-/// Waiting before the first global load or store keeps programmatic
-/// dependent launch exact: nothing is read before its producer is done,
-/// and nothing is overwritten while an earlier kernel may still read it.
-/// Without the launch attribute, or below 9.0, both are no-ops.
-const GRID_DEP_PRELUDE: &str = r#"
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define RLX_GRID_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
-#define RLX_GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
-#else
-#define RLX_GRID_LAUNCH()
-#define RLX_GRID_WAIT()
-#endif
-#define RLX_GRID_DEP() RLX_GRID_LAUNCH(); RLX_GRID_WAIT()
-#define RLX_OWN_GRID_DEP
-"#;
+/// [`with_grid_dep`]; the macros are in `cu/grid_dep.cuh`). Waiting before
+/// the first global load or store keeps programmatic dependent launch
+/// exact: nothing is read before its producer is done, and nothing is
+/// overwritten while an earlier kernel may still read it.
+const GRID_DEP_PRELUDE: &str = cu::GRID_DEP_CUH;
 
 /// `source` with [`GRID_DEP_PRELUDE`] and `RLX_GRID_DEP();` as the first
 /// statement of every `__global__` function (inserted after the body's
@@ -104,10 +113,12 @@ pub(crate) fn with_grid_dep(source: &str) -> String {
 type PtxCache = Mutex<HashMap<(usize, (i32, i32)), Arc<CString>>>;
 
 /// PTX of module `index` per compute capability, compiled once per process.
-fn ptx_for(index: usize, cc: (i32, i32)) -> Result<Arc<CString>, String> {
+fn ptx_for(index: usize, cc: (i32, i32)) -> Result<Arc<CString>, CudaError> {
     static CACHE: OnceLock<PtxCache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut guard = cache.lock().map_err(|_| "PTX cache poisoned".to_string())?;
+    let mut guard = cache
+        .lock()
+        .map_err(|_| CudaError::driver("PTX cache", "poisoned"))?;
     if let Some(p) = guard.get(&(index, cc)) {
         return Ok(p.clone());
     }
@@ -115,9 +126,14 @@ fn ptx_for(index: usize, cc: (i32, i32)) -> Result<Arc<CString>, String> {
         options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(with_grid_dep(MODULES[index].0), opts)
-        .map_err(|e| format!("NVRTC compile of module {index} failed: {e:?}"))?;
-    let c = Arc::new(CString::new(ptx.to_src()).map_err(|_| "PTX holds a NUL byte".to_string())?);
+    let ptx =
+        cudarc::nvrtc::compile_ptx_with_opts(with_grid_dep(&cu::expand(MODULES[index].1)), opts)
+            .map_err(|e| nvrtc_err(MODULES[index].0, e))?;
+    let c = CString::new(ptx.to_src()).map_err(|_| CudaError::Nvrtc {
+        module: MODULES[index].0.to_string(),
+        log: "PTX holds a NUL byte".into(),
+    })?;
+    let c = Arc::new(c);
     guard.insert((index, cc), c.clone());
     Ok(c)
 }
@@ -143,37 +159,39 @@ unsafe impl Sync for FuncHandle {}
 /// Contexts and modules per device ordinal.
 type ModuleCache = Mutex<HashMap<usize, Arc<Loaded>>>;
 
-fn loaded(ordinal: usize) -> Result<Arc<Loaded>, String> {
+fn loaded(ordinal: usize) -> Result<Arc<Loaded>, CudaError> {
     static CACHE: OnceLock<ModuleCache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let mut guard = cache
         .lock()
-        .map_err(|_| "module cache poisoned".to_string())?;
+        .map_err(|_| CudaError::driver("module cache", "poisoned"))?;
     if let Some(l) = guard.get(&ordinal) {
         return Ok(l.clone());
     }
     let _lock = device_lock();
-    let ctx = CudaContext::new(ordinal).map_err(|e| derr("context", e))?;
+    let ctx = CudaContext::new(ordinal).map_err(|e| CudaError::driver("context", e))?;
     // SAFETY: this backend addresses memory by raw pointers on one stream and
     // orders all work on it; cudarc's per-slice events are not needed, and
     // they would break stream capture.
     unsafe { ctx.disable_event_tracking() };
     let cc = ctx
         .compute_capability()
-        .map_err(|e| derr("compute capability", e))?;
-    ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
+        .map_err(|e| CudaError::driver("compute capability", e))?;
+    ctx.bind_to_thread()
+        .map_err(|e| CudaError::driver("bind", e))?;
     let mut funcs = HashMap::new();
-    for (index, &(_, names)) in MODULES.iter().enumerate() {
+    for (index, &(_, _, names)) in MODULES.iter().enumerate() {
         let ptx = ptx_for(index, cc)?;
         // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call. The
         // module is never unloaded: the cache keeps it for the process.
         let module = unsafe { drv::module::load_data(ptx.as_ptr() as *const c_void) }
-            .map_err(|e| derr("load module", e))?;
+            .map_err(|e| CudaError::driver("load module", e))?;
         for &name in names {
-            let cname = CString::new(name).map_err(|_| "kernel name".to_string())?;
+            let cname = CString::new(name)
+                .map_err(|_| CudaError::Unsupported(format!("kernel name {name:?}")))?;
             // SAFETY: `module` was just loaded and is valid.
             let f = unsafe { drv::module::get_function(module, cname) }
-                .map_err(|e| derr(&format!("kernel {name}"), e))?;
+                .map_err(|e| CudaError::driver(&format!("kernel {name}"), e))?;
             if mixed::needs_dynamic_smem(name) && cc.0 >= 8 {
                 // SAFETY: `f` was just loaded; the attribute only raises the
                 // kernel's dynamic shared memory limit (sm_80+ allow 99 KB).
@@ -184,7 +202,7 @@ fn loaded(ordinal: usize) -> Result<Arc<Loaded>, String> {
                         mixed::GEMM_PF_SMEM_MAX as i32,
                     )
                 }
-                .map_err(|e| derr(&format!("shared memory limit of {name}"), e))?;
+                .map_err(|e| CudaError::driver(&format!("shared memory limit of {name}"), e))?;
             }
             funcs.insert(name, FuncHandle(f));
         }
@@ -201,7 +219,7 @@ pub(crate) fn dynamic_function(
     gpu: &Gpu,
     name: &str,
     source: &str,
-) -> Result<drv_sys::CUfunction, String> {
+) -> Result<drv_sys::CUfunction, CudaError> {
     type DynCache = Mutex<HashMap<(usize, String), FuncHandle>>;
     static CACHE: OnceLock<DynCache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
@@ -213,24 +231,28 @@ pub(crate) fn dynamic_function(
     let cc = gpu
         .ctx
         .compute_capability()
-        .map_err(|e| derr("compute capability", e))?;
+        .map_err(|e| CudaError::driver("compute capability", e))?;
     let opts = cudarc::nvrtc::CompileOptions {
         options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
         ..Default::default()
     };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(with_grid_dep(source), opts)
-        .map_err(|e| format!("NVRTC compile of generated kernel {name} failed: {e:?}"))?;
-    let ptx = CString::new(ptx.to_src()).map_err(|_| "PTX holds a NUL byte".to_string())?;
+        .map_err(|e| nvrtc_err(name, e))?;
+    let ptx = CString::new(ptx.to_src()).map_err(|_| CudaError::Nvrtc {
+        module: name.to_string(),
+        log: "PTX holds a NUL byte".into(),
+    })?;
     gpu.bind()?;
     let _lock = device_lock();
     // SAFETY: `ptx` is a NUL-terminated PTX image that outlives the call; the
     // module is never unloaded (its functions are cached for the process).
     let module = unsafe { drv::module::load_data(ptx.as_ptr() as *const c_void) }
-        .map_err(|e| derr("load generated module", e))?;
-    let cname = CString::new(name).map_err(|_| "kernel name".to_string())?;
+        .map_err(|e| CudaError::driver("load generated module", e))?;
+    let cname =
+        CString::new(name).map_err(|_| CudaError::Unsupported(format!("kernel name {name:?}")))?;
     // SAFETY: `module` was just loaded and is valid.
     let f = unsafe { drv::module::get_function(module, cname) }
-        .map_err(|e| derr(&format!("kernel {name}"), e))?;
+        .map_err(|e| CudaError::driver(&format!("kernel {name}"), e))?;
     guard.insert(key, FuncHandle(f));
     Ok(f)
 }
@@ -256,36 +278,36 @@ unsafe impl Send for Gpu {}
 /// Bytes of cuBLAS workspace (fixed so that gemms can be captured into graphs).
 const WORKSPACE: usize = 32 << 20;
 
-fn derr(what: &str, e: impl std::fmt::Debug) -> String {
-    format!("cuda: {what}: {e:?}")
-}
-
 impl Gpu {
     /// Open `ordinal`, load the kernels (once per process), create a stream
     /// and a cuBLAS handle. `grid_dep` asks for programmatic dependent
     /// launch, used where the device supports it (9.0+).
-    pub(crate) fn new(ordinal: usize, grid_dep: bool) -> Result<Gpu, String> {
-        let count = cuda_available()?;
+    pub(crate) fn new(ordinal: usize, grid_dep: bool) -> Result<Gpu, CudaError> {
+        let count = device_count()?;
         if ordinal >= count {
-            return Err(format!("cuda:{ordinal}: only {count} device(s)"));
+            return Err(CudaError::Unsupported(format!(
+                "cuda:{ordinal}: only {count} device(s)"
+            )));
         }
         let kernels = loaded(ordinal)?;
         let ctx = kernels.ctx.clone();
         let cc = ctx
             .compute_capability()
-            .map_err(|e| derr("compute capability", e))?;
+            .map_err(|e| CudaError::driver("compute capability", e))?;
         // Allocate before taking the lock: `DeviceBuffer::new` takes it too.
         let workspace = DeviceBuffer::new(&ctx, WORKSPACE)?;
         let _lock = device_lock();
-        let stream = ctx.new_stream().map_err(|e| derr("stream", e))?;
-        let handle = blas::create_handle().map_err(|e| derr("cublas handle", e))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| CudaError::driver("stream", e))?;
+        let handle = blas::create_handle().map_err(|e| CudaError::cublas("cublas handle", e))?;
         // SAFETY: handle, stream and workspace are valid; the workspace lives as long as the handle.
         unsafe {
             blas::set_stream(handle, stream.cu_stream() as blas_sys::cudaStream_t)
-                .map_err(|e| derr("cublas stream", e))?;
+                .map_err(|e| CudaError::cublas("cublas stream", e))?;
             blas_sys::cublasSetWorkspace_v2(handle, workspace.ptr as *mut c_void, WORKSPACE)
                 .result()
-                .map_err(|e| derr("cublas workspace", e))?;
+                .map_err(|e| CudaError::cublas("cublas workspace", e))?;
         }
         Ok(Gpu {
             ctx,
@@ -299,12 +321,10 @@ impl Gpu {
     }
 
     /// The loaded kernel `name`.
-    pub(crate) fn func(&self, name: &str) -> Result<drv_sys::CUfunction, String> {
-        self.kernels
-            .funcs
-            .get(name)
-            .map(|f| f.0)
-            .ok_or_else(|| format!("cuda: kernel {name} is not in the module"))
+    pub(crate) fn func(&self, name: &str) -> Result<drv_sys::CUfunction, CudaError> {
+        self.kernels.funcs.get(name).map(|f| f.0).ok_or_else(|| {
+            CudaError::Unsupported(format!("cuda: kernel {name} is not in the module"))
+        })
     }
 
     /// The cuBLAS workspace (address, bytes), shared by cuBLAS and cuBLASLt
@@ -314,15 +334,17 @@ impl Gpu {
     }
 
     /// Make the context current on this thread.
-    pub(crate) fn bind(&self) -> Result<(), String> {
-        self.ctx.bind_to_thread().map_err(|e| derr("bind", e))
+    pub(crate) fn bind(&self) -> Result<(), CudaError> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("bind", e))
     }
 
     /// Wait for all work on the stream.
-    pub(crate) fn sync(&self) -> Result<(), String> {
+    pub(crate) fn sync(&self) -> Result<(), CudaError> {
         self.stream
             .synchronize()
-            .map_err(|e| derr("synchronize", e))
+            .map_err(|e| CudaError::driver("synchronize", e))
     }
 }
 
@@ -347,13 +369,18 @@ pub(crate) struct DeviceBuffer {
 
 impl DeviceBuffer {
     /// Allocate `bytes` (at least 256).
-    pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuffer, String> {
-        ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
+    pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuffer, CudaError> {
+        ctx.bind_to_thread()
+            .map_err(|e| CudaError::driver("bind", e))?;
         let n = bytes.max(256);
         let _lock = device_lock();
         // SAFETY: a plain allocation of `n` bytes in the bound context.
-        let ptr =
-            unsafe { drv::malloc_sync(n) }.map_err(|e| derr(&format!("alloc {n} bytes"), e))?;
+        let ptr = unsafe { drv::malloc_sync(n) }.map_err(|e| {
+            // The context is bound (above), so the driver can say what is free.
+            CudaError::alloc("alloc", n, e, || {
+                drv::mem_get_info().map_or(0, |(free, _)| free)
+            })
+        })?;
         Ok(DeviceBuffer {
             ptr,
             bytes,
@@ -362,43 +389,50 @@ impl DeviceBuffer {
     }
 
     /// Copy `data` into the start of the buffer, synchronously.
-    pub(crate) fn upload(&self, data: &[u8]) -> Result<(), String> {
+    pub(crate) fn upload(&self, data: &[u8]) -> Result<(), CudaError> {
         if data.len() > self.bytes.max(256) {
-            return Err(format!(
+            return Err(CudaError::Unsupported(format!(
                 "cuda: upload of {} bytes into {} bytes",
                 data.len(),
                 self.bytes
-            ));
+            )));
         }
         if data.is_empty() {
             return Ok(());
         }
-        self.ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("bind", e))?;
         let _lock = device_lock();
         // SAFETY: the destination holds at least `data.len()` bytes (checked above).
-        unsafe { drv::memcpy_htod_sync(self.ptr, data) }.map_err(|e| derr("upload", e))
+        unsafe { drv::memcpy_htod_sync(self.ptr, data) }.map_err(|e| CudaError::driver("upload", e))
     }
 }
 
 impl DeviceBuffer {
     /// Copy the start of the buffer into `out`, synchronously (after all
     /// work queued in the context).
-    pub(crate) fn download(&self, out: &mut [u8]) -> Result<(), String> {
+    pub(crate) fn download(&self, out: &mut [u8]) -> Result<(), CudaError> {
         if out.len() > self.bytes.max(256) {
-            return Err(format!(
+            return Err(CudaError::Unsupported(format!(
                 "cuda: download of {} bytes from {} bytes",
                 out.len(),
                 self.bytes
-            ));
+            )));
         }
         if out.is_empty() {
             return Ok(());
         }
-        self.ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
-        self.ctx.synchronize().map_err(|e| derr("synchronize", e))?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("bind", e))?;
+        self.ctx
+            .synchronize()
+            .map_err(|e| CudaError::driver("synchronize", e))?;
         let _lock = device_lock();
         // SAFETY: the source holds at least `out.len()` bytes (checked above).
-        unsafe { drv::memcpy_dtoh_sync(out, self.ptr) }.map_err(|e| derr("download", e))
+        unsafe { drv::memcpy_dtoh_sync(out, self.ptr) }
+            .map_err(|e| CudaError::driver("download", e))
     }
 }
 
@@ -425,13 +459,14 @@ pub(crate) struct Pinned {
 unsafe impl Send for Pinned {}
 
 impl Pinned {
-    pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Pinned, String> {
-        ctx.bind_to_thread().map_err(|e| derr("bind", e))?;
+    pub(crate) fn new(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Pinned, CudaError> {
+        ctx.bind_to_thread()
+            .map_err(|e| CudaError::driver("bind", e))?;
         let n = bytes.max(64);
         let _lock = device_lock();
         // SAFETY: allocates `n` bytes of page-locked host memory.
-        let ptr =
-            unsafe { drv::malloc_host(n, 0) }.map_err(|e| derr("pinned alloc", e))? as *mut u8;
+        let ptr = unsafe { drv::malloc_host(n, 0) }
+            .map_err(|e| CudaError::driver("pinned alloc", e))? as *mut u8;
         Ok(Pinned {
             ptr,
             bytes: n,
@@ -482,8 +517,8 @@ impl Graph {
     pub(crate) fn capture(
         gpu: &Gpu,
         nodes: usize,
-        issue: impl FnOnce() -> Result<(), String>,
-    ) -> Result<Graph, String> {
+        issue: impl FnOnce() -> Result<(), CudaError>,
+    ) -> Result<Graph, CudaError> {
         gpu.bind()?;
         let _lock = device_lock();
         let s = gpu.stream.cu_stream();
@@ -494,14 +529,14 @@ impl Graph {
                 drv_sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )
         }
-        .map_err(|e| derr("begin capture", e))?;
+        .map_err(|e| CudaError::driver("begin capture", e))?;
         let issued = issue();
         // SAFETY: ends the capture begun above, also when issuing failed.
         let graph = unsafe { drv::stream::end_capture(s) };
         issued?;
-        let graph = graph.map_err(|e| derr("end capture", e))?;
+        let graph = graph.map_err(|e| CudaError::driver("end capture", e))?;
         if graph.is_null() {
-            return Err("cuda: stream capture produced no graph".into());
+            return Err(CudaError::driver("end capture", "no graph"));
         }
         let mut exec: drv_sys::CUgraphExec = std::ptr::null_mut();
         // SAFETY: `graph` is a valid captured graph; `exec` receives the instance.
@@ -511,16 +546,16 @@ impl Graph {
             unsafe {
                 let _ = drv::graph::destroy(graph);
             }
-            return Err(derr("instantiate graph", e));
+            return Err(CudaError::driver("instantiate graph", e));
         }
         Ok(Graph { graph, exec, nodes })
     }
 
     /// Replay on the stream.
-    pub(crate) fn launch(&self, gpu: &Gpu) -> Result<(), String> {
+    pub(crate) fn launch(&self, gpu: &Gpu) -> Result<(), CudaError> {
         // SAFETY: `exec` is a valid instance; the stream is valid.
         unsafe { drv::graph::launch(self.exec, gpu.stream.cu_stream()) }
-            .map_err(|e| derr("graph launch", e))
+            .map_err(|e| CudaError::driver("graph launch", e))
     }
 }
 
@@ -568,7 +603,7 @@ mod tests {
             println!("skipped: libnvrtc not found (scripts/test.sh installs it)");
             return;
         }
-        let i = MODULES.iter().position(|m| m.0 == mixed::SOURCE).unwrap();
+        let i = MODULES.iter().position(|m| m.0 == "mixed").unwrap();
         let ptx = ptx_for(i, (9, 0)).unwrap();
         let ptx = ptx.to_str().unwrap();
         for k in ["gemm_pf_bf16_16", "gemm_pf_f16_64"] {
@@ -601,7 +636,7 @@ mod tests {
             println!("skipped: libnvrtc not found (scripts/test.sh installs it)");
             return;
         }
-        for (i, (_, kernels)) in MODULES.iter().enumerate() {
+        for (i, (_, _, kernels)) in MODULES.iter().enumerate() {
             for cc in [(7, 5), (8, 0), (9, 0)] {
                 let ptx = ptx_for(i, cc).unwrap_or_else(|e| panic!("sm_{}{}: {e}", cc.0, cc.1));
                 let ptx = ptx.to_str().expect("PTX is ASCII");

@@ -2,15 +2,21 @@
 //! once, thunks as one launch per op, compiled segments as CUDA graphs.
 
 use crate::device::{DeviceBuffer, Gpu, Graph as CuGraph, Pinned};
+use crate::error::CudaError;
 use crate::fuse::{find_fusions, fused_ticks, Fusion};
-use crate::lower::{epilogue_launch, lower, view_of, view_of_st, Arg, Env, Launch, WithStore};
+use crate::launch::{epilogue_launch, Arg, Launch};
+use crate::lower::{lower, Env, WithStore};
 use crate::store::{device_bytes, Store, StorePlan};
+use crate::views::{view_of, view_of_st};
 use cudarc::driver::{result as drv, sys as drv_sys};
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_ir::{Graph, Node, NodeId, Op, Shape, Tensor};
-use rlx_runtime::bind::{check_buffer, split_static, tensor_bytes, tensor_from_bytes, StaticSplit};
+use rlx_runtime::bind::{
+    bind_inputs, check_params_set, param_shape, param_tensor_shape, split_static, tensor_bytes,
+    tensor_from_bytes, StaticSplit,
+};
 use rlx_runtime::hybrid::{
-    build_plan, HybridPlan, PlanReport, SegmentCompiler, SplitPolicy, Step, SubGraph,
+    build_plan, Decline, HybridPlan, PlanReport, SegmentCompiler, SplitPolicy, Step, SubGraph,
 };
 use rlx_runtime::memory::{plan_memory, MemoryPlan, Tick};
 use rlx_runtime::{Executable, MemoryStats, Precision, RuntimeError, TensorRef};
@@ -121,20 +127,19 @@ impl SegmentCompiler for CudaSegmentCompiler {
         "cuda-graph"
     }
 
-    fn claims(&self, graph: &Graph, node: &Node) -> Result<(), String> {
-        lower(graph, node, &dummy_addr, &mut Vec::new()).map(|_| ())
+    fn claims(&self, graph: &Graph, node: &Node) -> Result<(), Decline> {
+        lower(graph, node, &dummy_addr, &mut Vec::new())
+            .map(|_| ())
+            .map_err(|e| Decline::at(node.id, e))
     }
 
-    fn try_lower(&self, sub: &SubGraph) -> Result<SegmentPlan, String> {
+    fn try_lower(&self, sub: &SubGraph) -> Result<SegmentPlan, Decline> {
         let g = &sub.graph;
         for n in g.nodes() {
             if !n.op.is_leaf() {
                 lower(g, n, &dummy_addr, &mut Vec::new()).map_err(|e| {
-                    format!(
-                        "node {} ({}): {e}",
-                        sub.parent_of[n.id.index()],
-                        n.op.name()
-                    )
+                    let parent = sub.parent_of[n.id.index()];
+                    Decline::at(parent, format!("node {parent} ({}): {e}", n.op.name()))
                 })?;
             }
         }
@@ -171,8 +176,25 @@ struct Prep {
     names: Vec<String>,
 }
 
-fn rt(message: String) -> RuntimeError {
+/// A device failure as a run-time error ([`RuntimeError::Device`], or
+/// `Unsupported` for [`CudaError::Unsupported`]).
+fn rt(e: CudaError) -> RuntimeError {
+    e.into()
+}
+
+/// Something this backend cannot do with these models or params.
+fn unsupported(message: String) -> RuntimeError {
     RuntimeError::Unsupported(message)
+}
+
+/// A device failure while working on `node`: `Unsupported` becomes the
+/// node's kernel error (as before), the rest [`RuntimeError::Device`] with
+/// the node named.
+fn node_err(graph: &Graph, node: NodeId, e: CudaError) -> RuntimeError {
+    match e {
+        CudaError::Unsupported(m) => kernel_err(graph, node, m),
+        e => RuntimeError::Device(Box::new(e.at_node(node))),
+    }
 }
 
 fn kernel_err(graph: &Graph, node: NodeId, message: String) -> RuntimeError {
@@ -201,7 +223,7 @@ enum Work {
         args: Box<[u64]>,
     },
     /// A gemm through `cublasGemmStridedBatchedEx` (no epilogue).
-    Gemm(crate::lower::Gemm),
+    Gemm(crate::launch::Gemm),
     /// A planned cuBLASLt matmul (epilogue included).
     Lt(Box<crate::lt::LtMatmul>),
     Copy {
@@ -233,7 +255,7 @@ impl Work {
 unsafe impl Send for Ready {}
 
 impl Ready {
-    fn issue(&self, gpu: &Gpu) -> Result<(), String> {
+    fn issue(&self, gpu: &Gpu) -> Result<(), CudaError> {
         let stream = gpu.stream.cu_stream();
         match &self.work {
             Work::Kernel {
@@ -264,19 +286,19 @@ impl Ready {
                         &mut ptrs,
                     )
                 }
-                .map_err(|e| format!("launch: {e:?}"))
+                .map_err(|e| CudaError::driver("launch", e))
             }
             Work::Gemm(g) => crate::lt::gemm_ex(gpu, g),
             Work::Lt(m) => m.issue(gpu),
             Work::Copy { dst, src, bytes } => {
                 // SAFETY: both ranges lie in live device allocations (lowered from the plan).
                 unsafe { drv::memcpy_dtod_async(*dst, *src, *bytes, stream) }
-                    .map_err(|e| format!("copy: {e:?}"))
+                    .map_err(|e| CudaError::driver("copy", e))
             }
             Work::Zero { dst, bytes } => {
                 // SAFETY: the range lies in a live device allocation.
                 unsafe { drv::memset_d8_async(*dst, 0, *bytes, stream) }
-                    .map_err(|e| format!("memset: {e:?}"))
+                    .map_err(|e| CudaError::driver("memset", e))
             }
         }
     }
@@ -293,7 +315,7 @@ fn launch_grid_dep(
     smem: u32,
     stream: drv_sys::CUstream,
     params: &mut [*mut c_void],
-) -> Result<(), String> {
+) -> Result<(), CudaError> {
     // SAFETY: a zeroed attribute is a valid plain-data value; the id and the
     // union field set next are the ones the driver reads.
     let mut attr: drv_sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -316,7 +338,7 @@ fn launch_grid_dep(
     // config and its one attribute live across the call.
     unsafe { drv_sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
         .result()
-        .map_err(|e| format!("launch: {e:?}"))
+        .map_err(|e| CudaError::driver("launch", e))
 }
 
 /// One executable step with resolved work.
@@ -655,7 +677,7 @@ impl CudaModel {
 
     /// Copy the staged inputs into their arena slots (one copy over the
     /// span of the input slots), on the stream.
-    fn upload_inputs(&self) -> Result<(), String> {
+    fn upload_inputs(&self) -> Result<(), CudaError> {
         let (lo, hi) = self.in_span;
         if hi == lo {
             return Ok(());
@@ -666,7 +688,7 @@ impl CudaModel {
         unsafe {
             drv::memcpy_htod_async(self.arena.ptr + lo as u64, src, self.gpu.stream.cu_stream())
         }
-        .map_err(|e| format!("cuda: input upload: {e:?}"))
+        .map_err(|e| CudaError::driver("input upload", e))
     }
 
     /// The copies that bring a run's results to `out_stage`: (stage offset,
@@ -687,7 +709,7 @@ impl CudaModel {
     }
 
     /// Issue `downloads` on the stream.
-    fn download_outputs(&self, downloads: &[(usize, u64, usize)]) -> Result<(), String> {
+    fn download_outputs(&self, downloads: &[(usize, u64, usize)]) -> Result<(), CudaError> {
         let stream = self.gpu.stream.cu_stream();
         let stage = self.out_stage.host_ptr();
         for &(at, src, bytes) in downloads {
@@ -705,7 +727,7 @@ impl CudaModel {
                 )
                 .result()
             }
-            .map_err(|e| format!("cuda: output download: {e:?}"))?;
+            .map_err(|e| CudaError::driver("output download", e))?;
         }
         Ok(())
     }
@@ -731,8 +753,8 @@ impl CudaModel {
         names: &[String],
     ) -> Result<(), RuntimeError> {
         if !Arc::ptr_eq(&self.gpu.ctx, &from.gpu.ctx) {
-            return Err(rt(
-                "share_params: the models are on different devices".into()
+            return Err(unsupported(
+                "share_params: the models are on different devices".into(),
             ));
         }
         from.gpu.bind().map_err(rt)?;
@@ -746,13 +768,13 @@ impl CudaModel {
                 .get(name)
                 .ok_or_else(|| RuntimeError::UnknownParam { name: name.clone() })?;
             if shape != theirs {
-                return Err(rt(format!(
+                return Err(unsupported(format!(
                     "share_params: param '{name}' is {shape} here and {theirs} in the other model"
                 )));
             }
             let (mine, other) = (self.core.param_store(name), from.core.param_store(name));
             if mine != other {
-                return Err(rt(format!(
+                return Err(unsupported(format!(
                     "share_params: param '{name}' is stored as {mine:?} here and {other:?} in the other model"
                 )));
             }
@@ -768,7 +790,8 @@ impl CudaModel {
             let buf = match from.dev_params.get(name) {
                 Some(b) if !fresh => b.clone(),
                 _ => {
-                    let bytes = device_bytes(&host, from.core.param_store(name)).map_err(rt)?;
+                    let bytes =
+                        device_bytes(&host, from.core.param_store(name)).map_err(unsupported)?;
                     let b = match from.dev_params.get(name) {
                         Some(b) if b.bytes == bytes.len() => b.clone(),
                         _ => {
@@ -882,7 +905,7 @@ impl CudaModel {
                         self.upload_inputs()?;
                     }
                     for r in &ready {
-                        r.issue(gpu).map_err(|e| format!("node {}: {e}", r.node))?;
+                        r.issue(gpu).map_err(|e| e.at_node(r.node))?;
                     }
                     if last {
                         self.download_outputs(&downloads)?;
@@ -941,7 +964,7 @@ impl CudaModel {
             Launch::Gemm(mut g) => {
                 g.tf32 = self.core.store.precision == Precision::Tf32;
                 match crate::lt::LtMatmul::plan(&self.gpu, &g)
-                    .map_err(|e| kernel_err(graph, node, e))?
+                    .map_err(|e| node_err(graph, node, e))?
                 {
                     Some(m) => Work::Lt(Box::new(m)),
                     None => {
@@ -964,7 +987,7 @@ impl CudaModel {
                 args,
             } => {
                 let f = crate::device::dynamic_function(&self.gpu, &name, &source)
-                    .map_err(|e| kernel_err(graph, node, e))?;
+                    .map_err(|e| node_err(graph, node, e))?;
                 Work::Kernel {
                     name: "fused-chain",
                     f,
@@ -1029,7 +1052,7 @@ impl CudaModel {
             // Converted to the storage plan: transposed matmul weights, 16-bit
             // in a half precision.
             let bytes = device_bytes(t, self.core.param_store(&name))
-                .map_err(|e| rt(format!("param '{name}': {e}")))?;
+                .map_err(|e| unsupported(format!("param '{name}': {e}")))?;
             match self.dev_params.get(&name) {
                 Some(b) if b.bytes == bytes.len() => b.upload(&bytes).map_err(rt)?,
                 _ => {
@@ -1044,45 +1067,8 @@ impl CudaModel {
     }
 
     fn run_inner(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {
-        let mut bound: Vec<Option<TensorRef<'_>>> = vec![None; self.inputs.len()];
-        for (name, data) in inputs {
-            let Some(pos) = self.inputs.iter().position(|(n, _, _)| n == name) else {
-                return Err(RuntimeError::UnknownInput {
-                    name: name.to_string(),
-                    known: self
-                        .inputs
-                        .iter()
-                        .map(|i| i.0.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                });
-            };
-            if bound[pos].is_some() {
-                return Err(RuntimeError::DuplicateInput {
-                    name: name.to_string(),
-                });
-            }
-            check_buffer(name, &self.inputs[pos].2, data)?;
-            bound[pos] = Some(*data);
-        }
-        if let Some(pos) = bound.iter().position(|b| b.is_none()) {
-            return Err(RuntimeError::MissingInput {
-                name: self.inputs[pos].0.clone(),
-                shape: self.inputs[pos].2.clone(),
-            });
-        }
-        let mut missing: Vec<_> = self
-            .param_shapes
-            .iter()
-            .filter(|(n, _)| !self.params.contains_key(*n))
-            .collect();
-        missing.sort_by(|a, b| a.0.cmp(b.0));
-        if let Some((name, shape)) = missing.first() {
-            return Err(RuntimeError::MissingParam {
-                name: name.to_string(),
-                shape: (*shape).clone(),
-            });
-        }
+        let bound = bind_inputs(&self.inputs, inputs)?;
+        check_params_set(&self.param_shapes, |n| self.params.contains_key(n))?;
         self.gpu.bind().map_err(rt)?;
         self.sync_params()?;
         if self.exec.is_none() {
@@ -1097,7 +1083,7 @@ impl CudaModel {
                 let Some(at) = self.in_offsets[pos] else {
                     continue;
                 };
-                let b = data.as_ref().expect("checked above").as_bytes();
+                let b = data.as_bytes();
                 stage[at..at + b.len()].copy_from_slice(b);
             }
         }
@@ -1113,8 +1099,7 @@ impl CudaModel {
                             let _ = self.gpu.sync();
                             std::time::Instant::now()
                         });
-                        r.issue(&self.gpu)
-                            .map_err(|e| kernel_err(graph, r.node, e))?;
+                        r.issue(&self.gpu).map_err(|e| node_err(graph, r.node, e))?;
                         if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
                             self.gpu.sync().map_err(rt)?;
                             let key = format!("{} {}", graph.node(r.node).op.name(), r.work.kind());
@@ -1198,11 +1183,7 @@ impl Drop for CudaModel {
 
 impl Executable for CudaModel {
     fn set_param(&mut self, name: &str, value: TensorRef<'_>) -> Result<(), RuntimeError> {
-        let shape = self
-            .param_shapes
-            .get(name)
-            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
-        check_buffer(name, shape, &value)?;
+        let shape = param_shape(&self.param_shapes, name, &value)?;
         self.params.insert(name.to_string(), value.to_tensor(shape));
         self.stale.insert(name.to_string());
         self.prep_dirty = self.prep.is_some();
@@ -1210,18 +1191,7 @@ impl Executable for CudaModel {
     }
 
     fn set_param_tensor(&mut self, name: &str, value: Tensor) -> Result<(), RuntimeError> {
-        let shape = self
-            .param_shapes
-            .get(name)
-            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
-        if !value.data.fits(shape) {
-            return Err(RuntimeError::WrongLength {
-                name: name.into(),
-                shape: shape.clone(),
-                expected: shape.numel(),
-                got: value.data.len(),
-            });
-        }
+        param_tensor_shape(&self.param_shapes, name, &value)?;
         self.params.insert(name.to_string(), value);
         self.stale.insert(name.to_string());
         self.prep_dirty = self.prep.is_some();
@@ -1263,5 +1233,32 @@ impl Executable for CudaModel {
             naive_bytes: self.core.mem.naive_bytes,
             scratch_bytes: self.core.scratch_bytes,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlx_ir::{MaskKind, Op, Shape};
+
+    /// The segment compiler says which node it cannot take and why (no
+    /// device needed: capability is checked with dummy addresses).
+    #[test]
+    fn declines_name_the_node_and_the_reason() {
+        let mut g = Graph::new("decline");
+        let q = g.input("q", Shape::f32(&[1, 2, 256]));
+        let op = Op::Attention {
+            num_heads: 1,
+            head_dim: 256,
+            mask_kind: MaskKind::None,
+            score_scale: None,
+            attn_logit_softcap: None,
+        };
+        let a = g.push(op, vec![q, q, q]).unwrap();
+        let d = CudaSegmentCompiler.claims(&g, g.node(a)).unwrap_err();
+        assert_eq!(d.node, Some(a));
+        assert!(d.reason.contains("head_dim 256"), "{d}");
+        assert_eq!(d.to_string(), d.reason);
+        assert_eq!(CudaSegmentCompiler.claims(&g, g.node(q)), Ok(()));
     }
 }

@@ -8,7 +8,8 @@
 //! one value per row of `C` (per output feature).
 
 use crate::device::Gpu;
-use crate::lower::{Epi, Gemm};
+use crate::error::CudaError;
+use crate::launch::{Epi, Gemm};
 use crate::store::Dt;
 use cudarc::cublas::sys as blas_sys;
 use cudarc::cublaslt::{result as lt, sys as lt_sys};
@@ -20,13 +21,13 @@ use std::sync::{Mutex, OnceLock};
 /// planning and the fastest kept.
 const CANDIDATES: usize = 8;
 
-fn lerr(what: &str, e: impl std::fmt::Debug) -> String {
-    format!("cublasLt: {what}: {e:?}")
+fn lerr(what: &str, e: impl std::fmt::Debug) -> CudaError {
+    CudaError::cublas(&format!("cublasLt {what}"), e)
 }
 
 /// The process-wide cuBLASLt handle of each device (never destroyed), or
 /// `None` when libcublasLt cannot be loaded.
-fn handle(gpu: &Gpu) -> Result<Option<lt_sys::cublasLtHandle_t>, String> {
+fn handle(gpu: &Gpu) -> Result<Option<lt_sys::cublasLtHandle_t>, CudaError> {
     static HANDLES: OnceLock<Mutex<HashMap<usize, usize>>> = OnceLock::new();
     // SAFETY: only tries to open the shared library.
     if !unsafe { lt_sys::is_culib_present() } {
@@ -104,7 +105,7 @@ fn set_desc<T>(
     desc: lt_sys::cublasLtMatmulDesc_t,
     attr: lt_sys::cublasLtMatmulDescAttributes_t,
     v: &T,
-) -> Result<(), String> {
+) -> Result<(), CudaError> {
     // SAFETY: `v` is a live value of the attribute's documented type and size.
     unsafe {
         lt::set_matmul_desc_attribute(
@@ -124,7 +125,7 @@ fn layout(
     ld: i32,
     batch: i32,
     stride: i64,
-) -> Result<lt_sys::cublasLtMatrixLayout_t, String> {
+) -> Result<lt_sys::cublasLtMatrixLayout_t, CudaError> {
     let l = lt::create_matrix_layout(lt_type(dt), rows as u64, cols as u64, ld as i64)
         .map_err(|e| lerr("layout", e))?;
     if batch > 1 {
@@ -156,7 +157,7 @@ fn layout(
 impl LtMatmul {
     /// Plan `g` with cuBLASLt; `Ok(None)` when the library is missing or
     /// declines the problem (the caller falls back to [`gemm_ex`]).
-    pub(crate) fn plan(gpu: &Gpu, g: &Gemm) -> Result<Option<LtMatmul>, String> {
+    pub(crate) fn plan(gpu: &Gpu, g: &Gemm) -> Result<Option<LtMatmul>, CudaError> {
         let Some(handle) = handle(gpu)? else {
             return Ok(None);
         };
@@ -289,7 +290,7 @@ impl LtMatmul {
         &mut self,
         gpu: &Gpu,
         algos: &[lt_sys::cublasLtMatmulAlgo_t],
-    ) -> Result<lt_sys::cublasLtMatmulAlgo_t, String> {
+    ) -> Result<lt_sys::cublasLtMatmulAlgo_t, CudaError> {
         const REPS: usize = 8;
         const ROUNDS: usize = 3;
         let mut graphs = Vec::with_capacity(algos.len());
@@ -330,7 +331,7 @@ impl LtMatmul {
     }
 
     /// Enqueue on the stream.
-    pub(crate) fn issue(&self, gpu: &Gpu) -> Result<(), String> {
+    pub(crate) fn issue(&self, gpu: &Gpu) -> Result<(), CudaError> {
         let (alpha, beta) = (1.0f32, 0.0f32);
         let g = &self.g;
         // SAFETY: the descriptors are live; the operand addresses were lowered
@@ -375,7 +376,7 @@ impl Drop for LtMatmul {
 
 /// `g` through `cublasGemmStridedBatchedEx` (no epilogue: the caller adds
 /// the bias/activation kernel).
-pub(crate) fn gemm_ex(gpu: &Gpu, g: &Gemm) -> Result<(), String> {
+pub(crate) fn gemm_ex(gpu: &Gpu, g: &Gemm) -> Result<(), CudaError> {
     let (alpha, beta) = (1.0f32, 0.0f32);
     let compute = if g.tf32 {
         blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
@@ -418,5 +419,5 @@ pub(crate) fn gemm_ex(gpu: &Gpu, g: &Gemm) -> Result<(), String> {
         )
     }
     .result()
-    .map_err(|e| format!("cublasGemmStridedBatchedEx: {e:?}"))
+    .map_err(|e| CudaError::cublas("cublasGemmStridedBatchedEx", e))
 }

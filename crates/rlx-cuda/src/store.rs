@@ -188,7 +188,7 @@ impl StorePlan {
                 plan.stores[node.id.index()].transposed = true;
             }
             let users = graph.users(node.id);
-            if crate::lower::foldable_narrow(graph, node)
+            if foldable_narrow(graph, node)
                 && !outputs[node.id.index()]
                 && !users.is_empty()
                 && users.iter().all(|&u| {
@@ -377,6 +377,19 @@ pub(crate) fn device_bytes(t: &Tensor, store: Store) -> Result<Cow<'_, [u8]>, St
                 .collect(),
         ),
     })
+}
+
+/// Whether `node` is a last-axis Narrow of a rank-3 tensor that attention
+/// kernels can read in place (row stride = the source's width).
+pub(crate) fn foldable_narrow(graph: &Graph, node: &Node) -> bool {
+    let Op::Narrow { axis, .. } = node.op else {
+        return false;
+    };
+    let Some(&src) = node.inputs.first() else {
+        return false;
+    };
+    let s = &graph.node(src).shape;
+    s.rank() == 3 && axis == 2 && s.dtype == DType::F32
 }
 
 #[cfg(test)]

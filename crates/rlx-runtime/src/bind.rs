@@ -82,6 +82,108 @@ pub fn check_buffer(name: &str, shape: &Shape, r: &TensorRef<'_>) -> Result<(), 
     Ok(())
 }
 
+/// A graph input as executors keep it: name, node, shape.
+pub type InputSlot = (String, NodeId, Shape);
+
+/// Bind `given` (name, buffer) to a graph's `inputs`: each name must be an
+/// input ([`RuntimeError::UnknownInput`]), given once
+/// ([`RuntimeError::DuplicateInput`]), with a buffer that fits
+/// ([`check_buffer`]), and every input must be given
+/// ([`RuntimeError::MissingInput`]). Errors come in that order, for the
+/// first offending entry of `given`. The buffers in `inputs` order.
+pub fn bind_inputs<'a>(
+    inputs: &[InputSlot],
+    given: &[(&str, TensorRef<'a>)],
+) -> Result<Vec<TensorRef<'a>>, RuntimeError> {
+    let mut bound: Vec<Option<TensorRef<'a>>> = vec![None; inputs.len()];
+    for (name, data) in given {
+        let Some(pos) = inputs.iter().position(|(n, _, _)| n == name) else {
+            return Err(RuntimeError::UnknownInput {
+                name: name.to_string(),
+                known: inputs
+                    .iter()
+                    .map(|i| i.0.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
+        if bound[pos].is_some() {
+            return Err(RuntimeError::DuplicateInput {
+                name: name.to_string(),
+            });
+        }
+        check_buffer(name, &inputs[pos].2, data)?;
+        bound[pos] = Some(*data);
+    }
+    bound
+        .into_iter()
+        .zip(inputs)
+        .map(|(b, (name, _, shape))| {
+            b.ok_or_else(|| RuntimeError::MissingInput {
+                name: name.clone(),
+                shape: shape.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Every param in `shapes` has a value (`is_set`), else
+/// [`RuntimeError::MissingParam`] for the first missing one by name.
+pub fn check_params_set(
+    shapes: &HashMap<String, Shape>,
+    is_set: impl Fn(&str) -> bool,
+) -> Result<(), RuntimeError> {
+    let mut missing: Vec<(&String, &Shape)> = shapes.iter().filter(|(n, _)| !is_set(n)).collect();
+    missing.sort_by(|a, b| a.0.cmp(b.0));
+    match missing.first() {
+        Some((name, shape)) => Err(RuntimeError::MissingParam {
+            name: name.to_string(),
+            shape: (*shape).clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The shape of param `name` ([`RuntimeError::UnknownParam`] if the graph
+/// has none), checking that the buffer `value` fits it ([`check_buffer`]).
+pub fn param_shape<'s>(
+    shapes: &'s HashMap<String, Shape>,
+    name: &str,
+    value: &TensorRef<'_>,
+) -> Result<&'s Shape, RuntimeError> {
+    let shape = known_param(shapes, name)?;
+    check_buffer(name, shape, value)?;
+    Ok(shape)
+}
+
+/// [`param_shape`] for an owned tensor: its data must fit the shape
+/// ([`RuntimeError::WrongLength`]).
+pub fn param_tensor_shape<'s>(
+    shapes: &'s HashMap<String, Shape>,
+    name: &str,
+    value: &Tensor,
+) -> Result<&'s Shape, RuntimeError> {
+    let shape = known_param(shapes, name)?;
+    if !value.data.fits(shape) {
+        return Err(RuntimeError::WrongLength {
+            name: name.into(),
+            shape: shape.clone(),
+            expected: shape.numel(),
+            got: value.data.len(),
+        });
+    }
+    Ok(shape)
+}
+
+fn known_param<'s>(
+    shapes: &'s HashMap<String, Shape>,
+    name: &str,
+) -> Result<&'s Shape, RuntimeError> {
+    shapes
+        .get(name)
+        .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })
+}
+
 /// Nodes computed from params and constants alone. `CacheWrite` never is:
 /// it has a side effect on every run.
 pub fn static_nodes(graph: &Graph) -> Vec<bool> {
@@ -150,5 +252,91 @@ pub fn split_static(graph: &Graph) -> StaticSplit {
     StaticSplit {
         main,
         prep: Some((prep, names)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs() -> Vec<InputSlot> {
+        vec![
+            ("ids".into(), NodeId(0), Shape::new(&[2], DType::I32)),
+            ("x".into(), NodeId(1), Shape::f32(&[3])),
+        ]
+    }
+
+    /// Inputs bind in graph order whatever order they are given in, and
+    /// each misuse is the error that names it.
+    #[test]
+    fn inputs_bind_in_graph_order_and_misuse_is_named() {
+        let (ids, x) = ([7i32, 8], [1.0f32, 2.0, 3.0]);
+        let v = bind_inputs(
+            &inputs(),
+            &[("x", TensorRef::F32(&x)), ("ids", TensorRef::I32(&ids))],
+        )
+        .unwrap();
+        assert_eq!(v[0].as_bytes(), TensorRef::I32(&ids).as_bytes());
+        assert_eq!(v[1].as_bytes(), TensorRef::F32(&x).as_bytes());
+        let e = bind_inputs(&inputs(), &[("y", TensorRef::F32(&x))]).unwrap_err();
+        assert!(
+            matches!(e, RuntimeError::UnknownInput { ref name, ref known } if name == "y" && known == "ids, x")
+        );
+        let e = bind_inputs(
+            &inputs(),
+            &[("x", TensorRef::F32(&x)), ("x", TensorRef::F32(&x))],
+        )
+        .unwrap_err();
+        assert!(matches!(e, RuntimeError::DuplicateInput { ref name } if name == "x"));
+        let e = bind_inputs(&inputs(), &[("x", TensorRef::F32(&x[..2]))]).unwrap_err();
+        assert!(matches!(
+            e,
+            RuntimeError::WrongLength {
+                expected: 3,
+                got: 2,
+                ..
+            }
+        ));
+        let e = bind_inputs(&inputs(), &[("x", TensorRef::F32(&x))]).unwrap_err();
+        assert!(matches!(e, RuntimeError::MissingInput { ref name, .. } if name == "ids"));
+    }
+
+    /// Params: unknown names, wrong buffers and the first unset one by name.
+    #[test]
+    fn params_are_checked_by_name_and_shape() {
+        let shapes: HashMap<String, Shape> = [
+            ("b".to_string(), Shape::f32(&[2])),
+            ("a".to_string(), Shape::f32(&[1])),
+        ]
+        .into();
+        let w = [1.0f32, 2.0];
+        assert_eq!(
+            param_shape(&shapes, "b", &TensorRef::F32(&w)).unwrap(),
+            &Shape::f32(&[2])
+        );
+        assert!(matches!(
+            param_shape(&shapes, "c", &TensorRef::F32(&w)),
+            Err(RuntimeError::UnknownParam { .. })
+        ));
+        assert!(matches!(
+            param_shape(&shapes, "a", &TensorRef::F32(&w)),
+            Err(RuntimeError::WrongLength {
+                expected: 1,
+                got: 2,
+                ..
+            })
+        ));
+        let t = Tensor::f32(&[3], vec![0.0; 3]);
+        assert!(matches!(
+            param_tensor_shape(&shapes, "b", &t),
+            Err(RuntimeError::WrongLength {
+                expected: 2,
+                got: 3,
+                ..
+            })
+        ));
+        let e = check_params_set(&shapes, |n| n == "b").unwrap_err();
+        assert!(matches!(e, RuntimeError::MissingParam { ref name, .. } if name == "a"));
+        assert!(check_params_set(&shapes, |_| true).is_ok());
     }
 }

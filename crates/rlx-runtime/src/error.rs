@@ -110,6 +110,11 @@ pub enum RuntimeError {
     /// The backend cannot run this graph.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A device operation failed: an allocation, a copy, a kernel compile
+    /// or launch. The backend's own error type (e.g. `rlx_cuda::CudaError`)
+    /// is inside, for `downcast_ref`.
+    #[error("device error: {0}")]
+    Device(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// `bytes` in binary units, e.g. `1.5 GiB`.

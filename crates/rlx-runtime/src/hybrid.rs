@@ -11,6 +11,7 @@ mod split;
 
 pub use extract::{extract, SubGraph};
 pub use plan::{
-    build_plan, HybridPlan, PlanReport, RangeOp, RangeReport, SegmentCompiler, SegmentReport, Step,
+    build_plan, Decline, HybridPlan, PlanReport, RangeOp, RangeReport, SegmentCompiler,
+    SegmentReport, Step,
 };
 pub use split::{segment, CompiledSegment, Segment, SplitPolicy};

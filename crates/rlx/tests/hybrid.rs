@@ -464,10 +464,13 @@ impl rlx::hybrid::SegmentCompiler for NoTanh {
     fn name(&self) -> &'static str {
         "no-tanh"
     }
-    fn claims(&self, g: &Graph, n: &rlx::ir::Node) -> Result<(), String> {
+    fn claims(&self, g: &Graph, n: &rlx::ir::Node) -> Result<(), rlx::hybrid::Decline> {
         rlx::cpu::FusedCompiler.claims(g, n)
     }
-    fn try_lower(&self, sub: &rlx::hybrid::SubGraph) -> Result<Self::Lowered, String> {
+    fn try_lower(
+        &self,
+        sub: &rlx::hybrid::SubGraph,
+    ) -> Result<Self::Lowered, rlx::hybrid::Decline> {
         if sub
             .graph
             .nodes()

@@ -1,7 +1,7 @@
 //! Shape buckets: one model re-targeted to the same graph at other input
 //! shapes, keeping its device weights.
 
-use super::{rt, CudaModel};
+use super::{unsupported, CudaModel};
 use rlx_ir::Graph;
 use rlx_runtime::RuntimeError;
 
@@ -21,7 +21,7 @@ impl CudaModel {
         for (name, shape) in &next.param_shapes {
             if let Some(mine) = self.param_shapes.get(name) {
                 if mine != shape {
-                    return Err(rt(format!(
+                    return Err(unsupported(format!(
                         "set_graph: param '{name}' is {shape} in the new graph and {mine} here"
                     )));
                 }

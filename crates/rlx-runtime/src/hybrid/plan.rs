@@ -2,6 +2,45 @@ use super::split::{describe, push_thunk, split_by};
 use super::{extract, CompiledSegment, Segment, SplitPolicy, SubGraph};
 use rlx_ir::{Graph, Node, NodeId};
 
+/// Why a segment compiler does not take a node or a segment: its reason,
+/// and the node it is about when one node is the cause.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decline {
+    /// What the compiler lacks (shapes, dtypes, the op), for the plan.
+    pub reason: String,
+    /// The node that caused it (an id of the graph the planner split), if
+    /// one did.
+    pub node: Option<NodeId>,
+}
+
+impl Decline {
+    /// A decline caused by `node`.
+    pub fn at(node: NodeId, reason: impl Into<String>) -> Decline {
+        Decline {
+            reason: reason.into(),
+            node: Some(node),
+        }
+    }
+}
+
+impl std::fmt::Display for Decline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+impl From<String> for Decline {
+    fn from(reason: String) -> Decline {
+        Decline { reason, node: None }
+    }
+}
+
+impl From<&str> for Decline {
+    fn from(reason: &str) -> Decline {
+        Decline::from(reason.to_string())
+    }
+}
+
 /// A backend's segment compiler.
 pub trait SegmentCompiler {
     /// The backend's lowered form of one segment.
@@ -12,10 +51,10 @@ pub trait SegmentCompiler {
 
     /// Capability: `Ok` when this compiler can take `node` (seen in its
     /// graph, so shapes count), or the reason it cannot.
-    fn claims(&self, graph: &Graph, node: &Node) -> Result<(), String>;
+    fn claims(&self, graph: &Graph, node: &Node) -> Result<(), Decline>;
 
     /// Lower one extracted segment, or say why not.
-    fn try_lower(&self, sub: &SubGraph) -> Result<Self::Lowered, String>;
+    fn try_lower(&self, sub: &SubGraph) -> Result<Self::Lowered, Decline>;
 }
 
 /// One executable step.
@@ -271,7 +310,10 @@ fn lower_pieces<C: SegmentCompiler>(
     let attempt = |run: &[NodeId]| {
         let seg = describe_live(graph, users, run.to_vec());
         let sub = extract(graph, &seg);
-        compiler.try_lower(&sub).map(|lowered| (seg, sub, lowered))
+        compiler
+            .try_lower(&sub)
+            .map(|lowered| (seg, sub, lowered))
+            .map_err(|d| d.reason)
     };
     let whole_why = match attempt(nodes) {
         Ok((seg, sub, lowered)) => return (vec![Piece::Compiled(seg, sub, lowered)], None),

@@ -11,8 +11,15 @@
 //! nodes launch nothing. Only segments fuse: a thunk is one op by
 //! definition.
 
-use crate::lower::{act_code, bin_code, is_suffix};
+pub(crate) mod cache;
+pub(crate) mod gemv;
+pub(crate) mod norm;
+pub(crate) mod pool;
+pub(crate) mod reduce;
+
+use crate::opcodes::{act_code, bin_code};
 use crate::store::Store;
+use crate::views::is_suffix;
 use rlx_ir::{DType, Graph, Node, NodeId, Op};
 use rlx_runtime::memory::Tick;
 use std::collections::{HashMap, HashSet};
@@ -43,19 +50,19 @@ pub(crate) enum Fusion {
     /// Launches the chain's kernel.
     Root(Arc<Chain>),
     /// Launches a quantized GEMV with the nodes it absorbed.
-    Gemv(Arc<crate::fuse_gemv::GemvFusion>),
+    Gemv(Arc<crate::fuse::gemv::GemvFusion>),
     /// A one-row `Rope` whose launch also does cache writes.
-    RopeCache(Arc<crate::fuse_cache::RopeCache>),
+    RopeCache(Arc<crate::fuse::cache::RopeCache>),
     /// The root of a masked mean pooling (and its L2 normalization):
     /// one launch for the group.
-    Pool(Arc<crate::fuse_pool::Pool>),
+    Pool(Arc<crate::fuse::pool::Pool>),
     /// A `Reduce` that applies its input's `Binary` per element.
-    Reduce(Arc<crate::fuse_reduce::ReducePrologue>),
+    Reduce(Arc<crate::fuse::reduce::ReducePrologue>),
     /// A `FusedResidualLN` that computes the matmul it reads.
-    GemmNorm(Arc<crate::fuse_norm::GemmNorm>),
+    GemmNorm(Arc<crate::fuse::norm::GemmNorm>),
     /// A norm that computes the `Add` making its input and / or reads the
     /// `Gather`s making its operands from their tables.
-    NormFeed(Arc<crate::fuse_norm::NormFeed>),
+    NormFeed(Arc<crate::fuse::norm::NormFeed>),
     /// Done by an earlier node's launch (a `RopeCache`'s writes): no
     /// launch, but its place in the schedule stays.
     Done,
@@ -129,12 +136,12 @@ pub(crate) fn find_chains(g: &Graph, claimed: &HashSet<NodeId>) -> HashMap<NodeI
 }
 
 /// Every fusion of a segment's sub-graph: the quantized GEMV groups
-/// ([`crate::fuse_gemv`]) first, then mean poolings ([`crate::fuse_pool`]),
+/// ([`crate::fuse::gemv`]) first, then mean poolings ([`crate::fuse::pool`]),
 /// reductions with their binary
-/// ([`crate::fuse_reduce`]), matmuls with their norm and norms with the
-/// Add before them ([`crate::fuse_norm`]), then elementwise chains over
+/// ([`crate::fuse::reduce`]), matmuls with their norm and norms with the
+/// Add before them ([`crate::fuse::norm`]), then elementwise chains over
 /// the rest,
-/// then decode ropes with their cache writes ([`crate::fuse_cache`]).
+/// then decode ropes with their cache writes ([`crate::fuse::cache`]).
 /// `store` gives each node's storage.
 /// `matmul_norm` enables the matmul-norm groups (`CudaOptions::fuse_matmul_norm`).
 pub(crate) fn find_fusions(
@@ -142,22 +149,22 @@ pub(crate) fn find_fusions(
     matmul_norm: bool,
     store: impl Fn(NodeId) -> Store,
 ) -> HashMap<NodeId, Fusion> {
-    let mut m = crate::fuse_gemv::find_gemv(g, &store);
+    let mut m = crate::fuse::gemv::find_gemv(g, &store);
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
-    m.extend(crate::fuse_pool::find_pools(g, &claimed, &store));
+    m.extend(crate::fuse::pool::find_pools(g, &claimed, &store));
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
-    m.extend(crate::fuse_reduce::find_reduce_prologues(
+    m.extend(crate::fuse::reduce::find_reduce_prologues(
         g, &claimed, &store,
     ));
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
     if matmul_norm {
-        m.extend(crate::fuse_norm::find_gemm_norms(g, &claimed, &store));
+        m.extend(crate::fuse::norm::find_gemm_norms(g, &claimed, &store));
     }
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
-    m.extend(crate::fuse_norm::find_norm_feeds(g, &claimed, &store));
+    m.extend(crate::fuse::norm::find_norm_feeds(g, &claimed, &store));
     let claimed: HashSet<NodeId> = m.keys().copied().collect();
     m.extend(find_chains(g, &claimed));
-    let ropes = crate::fuse_cache::find_rope_cache(g, &m, &store);
+    let ropes = crate::fuse::cache::find_rope_cache(g, &m, &store);
     m.extend(ropes);
     m
 }
@@ -241,7 +248,7 @@ fn generate(g: &Graph, nodes: Vec<NodeId>, leaves: Vec<NodeId>) -> Chain {
         )
     };
     let name = format!("rlx_fused_{:016x}", fnv(&kernel("K")));
-    let source = format!("{}{}", crate::mixed::PRELUDE, kernel(&name));
+    let source = format!("{}{}", crate::cu::prelude(), kernel(&name));
     Chain {
         nodes,
         leaves,
