@@ -7,7 +7,8 @@
 #
 # `vs` compares the bundle's rlx with another build (OLD_RLX: a binary, or
 # a .gz of one, carried beside the bundle) in the same run: three rounds of
-# MiniLM bf16 hybrid at 1x128 and 32x128, the two builds alternating.
+# MiniLM bf16 hybrid at 1x128 and 32x128 and a SmolLM2-shaped decode
+# (synthetic weights, hybrid), the two builds alternating.
 #
 # `ab` runs only the A/B rounds of the CUDA switches with one binary:
 # programmatic dependent launch (RLX_CUDA_PDL) and rlx's small-matmul kernel
@@ -31,12 +32,17 @@ if [ "$WHAT" = vs ]; then
     *) cp "$OLD" "$W/rlx_old" ;;
   esac
   chmod +x "$W/rlx_old"
-  for r in 1 2 3; do for b in 1 32; do for v in old new; do
+  for r in 1 2 3; do for v in old new; do
     B=$S/rlx; [ $v = old ] && B=$W/rlx_old
-    echo -n "round $r MiniLM ${b}x128 bf16 hybrid $v: "
-    timeout 60 "$B" bench --model "$M" --device cuda --mode hybrid --precision bf16 --batch $b \
-      --seq 128 --iters 300 --warmup 20 2>&1 | grep -o "median.*"
-  done; done; done 2>&1 | tee "$OUT/vs.log"
+    for b in 1 32; do
+      echo -n "round $r MiniLM ${b}x128 bf16 hybrid $v: "
+      timeout 60 "$B" bench --model "$M" --device cuda --mode hybrid --precision bf16 --batch $b \
+        --seq 128 --iters 300 --warmup 20 2>&1 | grep -o "median.*"
+    done
+    echo -n "round $r SmolLM2-shaped decode hybrid $v: "
+    timeout 120 "$B" bench-llm --device cuda --synthetic --prefill 16 --decode 128 --reps 5 \
+      --mode hybrid --json 2>&1 | tail -1
+  done; done 2>&1 | tee "$OUT/vs.log"
   exit 0
 fi
 if [ "$WHAT" = ab ]; then

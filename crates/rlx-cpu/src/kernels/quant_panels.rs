@@ -1,5 +1,6 @@
 //! Q4_0/Q4_1/Q8_0 weights repacked into 16-row panels: the `DequantMatMul`
-//! kernels (`Int8` and `F32` activations) on CPUs with AVX-512 and VNNI.
+//! kernels (`Int8` and `F32` activations) on CPUs with AVX-512 and VNNI,
+//! and on AVX2 CPUs.
 //!
 //! The GGUF layout stores one weight row's blocks one after another, so a
 //! kernel over it forms one 32-element dot product per instruction group
@@ -35,8 +36,17 @@
 //! 16 x 32 weights, 0.625 or 1.125 bytes per weight (GGUF: 0.5625 Q4_0,
 //! 0.625 Q4_1, 1.0625 Q8_0). Decode streams every weight once per token,
 //! so these bytes are what bounds it on few cores. The panels are a second
-//! copy of the weights (the GGUF bytes stay for the other consumers); [`crate::CpuModel`] makes them only for `Int8` matmuls on CPUs
-//! with AVX512-VNNI (see [`panels_wanted`]).
+//! copy of the weights (the GGUF bytes stay for the other consumers);
+//! [`crate::CpuModel`] makes them on CPUs with AVX512-VNNI or AVX2 (see
+//! [`panels_wanted`]).
+//!
+//! On AVX2 ([`PanelPath::Avx2`]) a 64-byte line is two 256-bit halves,
+//! rows 0-7 and rows 8-15: the kernel runs the whole panel for one half,
+//! then again for the other (the second pass reads the panel from L1/L2).
+//! Int8 products use `vpmaddubsw`: unsigned nibbles times signed
+//! activation bytes for the 4-bit formats, `|w|` times `sign(w) x` for
+//! Q8_0 (so its activations are not shifted by 128); the integer sums are
+//! the same exact integers as above, so all paths agree bit for bit.
 
 use super::quant_q8::{quantize_rows, QK};
 use super::{bad_shape, num_threads, KernelError};
@@ -108,21 +118,28 @@ pub enum PanelPath {
     Scalar,
     /// AVX-512 F/BW + VNNI on 512-bit registers.
     Vnni512,
+    /// AVX2 + FMA + F16C on 256-bit registers: each record line's two
+    /// halves (rows 0-7, 8-15) in two passes over the panel (the second
+    /// from L1/L2); int8 products by `vpmaddubsw`.
+    Avx2,
 }
 
 impl PanelPath {
     /// The fastest path this CPU runs under the active [`Isa`].
     pub fn active() -> PanelPath {
-        if Isa::active() == Isa::Avx512 && CpuFeatures::get().avx512vnni {
-            PanelPath::Vnni512
-        } else {
-            PanelPath::Scalar
+        match Isa::active() {
+            Isa::Avx512 if CpuFeatures::get().avx512vnni => PanelPath::Vnni512,
+            Isa::Avx512 | Isa::Avx2 => PanelPath::Avx2,
+            Isa::Portable => PanelPath::Scalar,
         }
     }
 
     /// Every path this CPU runs (tests compare them).
     pub fn available() -> Vec<PanelPath> {
         let mut v = vec![PanelPath::Scalar];
+        if Isa::Avx2.supported() {
+            v.push(PanelPath::Avx2);
+        }
         if Isa::Avx512.supported() && CpuFeatures::get().avx512vnni {
             v.push(PanelPath::Vnni512);
         }
@@ -131,9 +148,10 @@ impl PanelPath {
 }
 
 /// Whether `DequantMatMul`s over `scheme` weights should run on panels
-/// here: the scheme has a panel layout and either the CPU runs the
-/// VNNI kernel under the active ISA, or `RLX_CPU_QUANT_PANELS=1` forces
-/// panels (`0` turns them off, for A/B runs).
+/// here: the scheme has a panel layout and either the CPU runs a vector
+/// panel kernel (VNNI or AVX2) under the active ISA, or
+/// `RLX_CPU_QUANT_PANELS=1` forces panels (`0` turns them off, for A/B
+/// runs).
 pub fn panels_wanted(scheme: QuantScheme) -> bool {
     if Kind::of(scheme).is_none() {
         return false;
@@ -144,7 +162,7 @@ pub fn panels_wanted(scheme: QuantScheme) -> bool {
     {
         Ok("0") | Ok("off") => false,
         Ok("1") | Ok("on") => true,
-        _ => PanelPath::active() == PanelPath::Vnni512,
+        _ => PanelPath::active() != PanelPath::Scalar,
     }
 }
 
@@ -288,7 +306,8 @@ impl QuantPanels {
         path: PanelPath,
     ) -> Result<(), KernelError> {
         let path = match path {
-            PanelPath::Vnni512 if !PanelPath::available().contains(&path) => PanelPath::Scalar,
+            PanelPath::Scalar => PanelPath::Scalar,
+            p if !PanelPath::available().contains(&p) => PanelPath::Scalar,
             p => p,
         };
         if m.checked_mul(self.k) != Some(x.len()) || m.checked_mul(self.n) != Some(out.len()) {
@@ -307,7 +326,12 @@ impl QuantPanels {
             return Ok(());
         }
         let acts = match activations {
-            ActivationPrecision::Int8 => Acts::Int8(Int8Acts::new(x, m, self.k, self.kind)),
+            ActivationPrecision::Int8 => {
+                // The AVX2 kernel multiplies |w| by sign(w) x; the others
+                // take x + 128 for Q8_0 weights.
+                let shift = self.kind == Kind::Q8_0 && path != PanelPath::Avx2;
+                Acts::Int8(Int8Acts::new(x, m, self.k, shift))
+            }
             ActivationPrecision::F32 => Acts::F32 {
                 m,
                 x,
@@ -353,6 +377,10 @@ impl QuantPanels {
                 // `matmul_path`); the kernel's reads are within this
                 // panel's lines and `acts`, its writes as above.
                 PanelPath::Vnni512 => unsafe { vnni::panel(self, acts, p, out.0) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Avx2` is used only when the CPU has AVX2, FMA
+                // and F16C (see `matmul_path`); reads and writes as above.
+                PanelPath::Avx2 => unsafe { avx2::panel(self, acts, p, out.0) },
                 _ => match acts {
                     Acts::Int8(a) => self.panel_scalar(a, p, out.0),
                     Acts::F32 { m, x, sums } => self.panel_scalar_f32(*m, x, sums, p, out.0),
@@ -478,8 +506,8 @@ enum Acts<'a> {
     },
 }
 
-/// Activations rounded to Q8 blocks: the bytes (plus 128 as unsigned for
-/// Q8_0 weights), and per block `d`, `d Σ q` and `Σ q`.
+/// Activations rounded to Q8 blocks: the bytes (plus 128 as unsigned when
+/// `shift`), and per block `d`, `d Σ q` and `Σ q`.
 struct Int8Acts {
     m: usize,
     q: Vec<i8>,
@@ -489,14 +517,14 @@ struct Int8Acts {
 }
 
 impl Int8Acts {
-    fn new(x: &[f32], m: usize, k: usize, kind: Kind) -> Int8Acts {
+    fn new(x: &[f32], m: usize, k: usize, shift: bool) -> Int8Acts {
         let r = quantize_rows(x, m, k, super::quant_q8::has_avx2());
         let sum =
             r.qs.chunks_exact(QK)
                 .map(|b| b.iter().map(|&v| i32::from(v)).sum())
                 .collect();
         let mut q = r.qs;
-        if kind == Kind::Q8_0 {
+        if shift {
             // q + 128 as an unsigned byte (the bits of q with the sign flipped).
             for v in &mut q {
                 *v = (*v as u8 ^ 0x80) as i8;
@@ -761,6 +789,306 @@ mod vnni {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+// Register tiles are indexed [c] by loops over their const sizes.
+#[allow(clippy::needless_range_loop)]
+mod avx2 {
+    use super::{Acts, Kind, QuantPanels, PANEL, Q4_0, Q4_1, Q8_0, QK};
+    use std::arch::x86_64::*;
+
+    /// Panel `p` against every activation row of `acts`, 4, 2 or 1 rows at
+    /// a time, rows 0-7 of the panel and then rows 8-15.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `out` holds `acts.m * w.n` floats; for `Int8`
+    /// activations over Q8_0 weights, `acts` holds the bytes unshifted.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn panel(w: &QuantPanels, acts: &Acts, p: usize, out: *mut f32) {
+        let mut a = Args {
+            w: w.lines
+                .as_ptr()
+                .cast::<u8>()
+                .add(p * w.nb * w.kind.lines() * 64),
+            nb: w.nb,
+            per: w.kind.lines() * 64,
+            q: std::ptr::null(),
+            x: std::ptr::null(),
+            d: std::ptr::null(),
+            s: std::ptr::null(),
+            sum: std::ptr::null(),
+            out: out.add(p * PANEL),
+            n: w.n,
+            valid: (w.n - p * PANEL).min(PANEL),
+        };
+        let m = match acts {
+            Acts::Int8(i) => {
+                (a.q, a.d, a.s, a.sum) = (i.q.as_ptr(), i.d.as_ptr(), i.s.as_ptr(), i.sum.as_ptr());
+                i.m
+            }
+            Acts::F32 { m, x, sums } => {
+                (a.x, a.s) = (x.as_ptr(), sums.as_ptr());
+                *m
+            }
+        };
+        let f32_acts = matches!(acts, Acts::F32 { .. });
+        macro_rules! tiles {
+            ($tile:ident, $code:expr, $hn:expr, $h:expr) => {{
+                let mut c = 0;
+                while c + 4 <= m {
+                    $tile::<{ $code }, 4, { $hn }>(&a, c, $h);
+                    c += 4;
+                }
+                if c + 2 <= m {
+                    $tile::<{ $code }, 2, { $hn }>(&a, c, $h);
+                    c += 2;
+                }
+                if c < m {
+                    $tile::<{ $code }, 1, { $hn }>(&a, c, $h);
+                }
+            }};
+        }
+        macro_rules! kinds {
+            ($hn:expr, $h:expr) => {
+                match (w.kind, f32_acts) {
+                    (Kind::Q4_0, false) => tiles!(tile, Q4_0, $hn, $h),
+                    (Kind::Q4_1, false) => tiles!(tile, Q4_1, $hn, $h),
+                    (Kind::Q8_0, false) => tiles!(tile, Q8_0, $hn, $h),
+                    (Kind::Q4_0, true) => tiles!(tile_f32, Q4_0, $hn, $h),
+                    (Kind::Q4_1, true) => tiles!(tile_f32, Q4_1, $hn, $h),
+                    (Kind::Q8_0, true) => tiles!(tile_f32, Q8_0, $hn, $h),
+                }
+            };
+        }
+        // Decode (one or two rows): both halves in one pass, one stream
+        // over the panel. More rows: a pass per half, so that a tile of
+        // four rows fits the 16 registers.
+        if m <= 2 {
+            kinds!(2, 0);
+        } else {
+            kinds!(1, 0);
+            kinds!(1, 1);
+        }
+    }
+
+    /// Raw views of one panel and the activations (as in the VNNI kernel).
+    struct Args {
+        /// The panel's first block record; records are `per` bytes apart.
+        w: *const u8,
+        nb: usize,
+        per: usize,
+        /// Int8: the rounded activations.
+        q: *const i8,
+        /// F32: the activations.
+        x: *const f32,
+        d: *const f32,
+        /// Int8: `d Σ q` per block; F32: `Σ x` per block.
+        s: *const f32,
+        sum: *const i32,
+        /// Column `p * 16` of output row 0; rows are `n` apart.
+        out: *mut f32,
+        n: usize,
+        /// Columns of this panel that exist (16 but for the last panel).
+        valid: usize,
+    }
+
+    /// Records ahead that the first pass (`h == 0`) prefetches; the second
+    /// pass reads the same lines again from L1/L2 (a panel of K = 1536 is
+    /// 15 KiB).
+    const PF_RECORDS: usize = 8;
+
+    /// Four activation bytes (elements `e..e + 4` of row `row`) in every
+    /// 32-bit lane.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn bcast4(a: &Args, row: usize, e: usize) -> __m256i {
+        _mm256_set1_epi32(a.q.add(row * a.nb * QK + e).cast::<i32>().read_unaligned())
+    }
+
+    /// Prefetches the record `PF_RECORDS` after `rec` on the first pass.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn prefetch(a: &Args, rec: *const u8, h: usize, lines: usize) {
+        if h == 0 {
+            // A hint only: past the end of the panels is harmless.
+            let ahead = rec.wrapping_add(a.per * PF_RECORDS);
+            for l in 0..lines {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
+            }
+        }
+    }
+
+    /// Eight f16 of the record at byte `at` (rows `8h..8h + 8`) as f32.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn halves(rec: *const u8, at: usize) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(rec.add(at) as *const __m128i))
+    }
+
+    /// Stores rows `c0..c0 + C` of half `h` (columns `8h..8h + 8`, fewer
+    /// at the last panel).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn store<const C: usize>(a: &Args, c0: usize, h: usize, acc: &[__m256; C]) {
+        let cols = a.valid.saturating_sub(8 * h).min(8);
+        for c in 0..C {
+            let dst = a.out.add((c0 + c) * a.n + 8 * h);
+            if cols == 8 {
+                _mm256_storeu_ps(dst, acc[c]);
+            } else {
+                let mut tmp = [0.0f32; 8];
+                _mm256_storeu_ps(tmp.as_mut_ptr(), acc[c]);
+                std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, cols);
+            }
+        }
+    }
+
+    /// Activation rows `c0..c0 + C` against rows `8h..8h + 8` of the panel,
+    /// `Int8` activations. Q4: `vpmaddubsw` of the unsigned nibbles and the
+    /// signed bytes; the eight products of a block (at most 8 x 2 x 15 x
+    /// 128 = 30720) add up in i16 and `vpmaddwd` widens once. Q8_0:
+    /// `vpmaddubsw(|w|, sign(w) x)` (at most 2 x 128 x 127), widened per
+    /// group. Every integer sum is exact, as in the scalar definition.
+    ///
+    /// # Safety
+    /// As [`panel`]; rows `c0..c0 + C` exist; `h` is 0 or 1.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile<const KIND: u8, const C: usize, const HN: usize>(
+        a: &Args,
+        c0: usize,
+        h0: usize,
+    ) {
+        let qb = if KIND == Q8_0 { 512 } else { 256 };
+        let low = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut accs = [[_mm256_setzero_ps(); C]; HN];
+        for b in 0..a.nb {
+            let rec = a.w.add(b * a.per);
+            prefetch(a, rec, h0, qb / 64 + 1);
+            for (hh, acc) in accs.iter_mut().enumerate() {
+                let h = h0 + hh;
+                let mut isum = [_mm256_setzero_si256(); C];
+                if KIND == Q8_0 {
+                    for j in 0..8 {
+                        let v = _mm256_load_si256(rec.add(64 * j + 32 * h) as *const __m256i);
+                        let av = _mm256_abs_epi8(v);
+                        for c in 0..C {
+                            let xb = _mm256_sign_epi8(bcast4(a, c0 + c, b * QK + 4 * j), v);
+                            let p16 = _mm256_maddubs_epi16(av, xb);
+                            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(p16, ones));
+                        }
+                    }
+                } else {
+                    let mut s16 = [_mm256_setzero_si256(); C];
+                    for j in 0..4 {
+                        let v = _mm256_load_si256(rec.add(64 * j + 32 * h) as *const __m256i);
+                        let lo = _mm256_and_si256(v, low);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low);
+                        for c in 0..C {
+                            let xl = bcast4(a, c0 + c, b * QK + 4 * j);
+                            let xh = bcast4(a, c0 + c, b * QK + 16 + 4 * j);
+                            s16[c] = _mm256_add_epi16(s16[c], _mm256_maddubs_epi16(lo, xl));
+                            s16[c] = _mm256_add_epi16(s16[c], _mm256_maddubs_epi16(hi, xh));
+                        }
+                    }
+                    for c in 0..C {
+                        isum[c] = _mm256_madd_epi16(s16[c], ones);
+                    }
+                }
+                let dw = halves(rec, qb + 16 * h);
+                for c in 0..C {
+                    let blk = (c0 + c) * a.nb + b;
+                    let mut is = isum[c];
+                    if KIND == Q4_0 {
+                        is = _mm256_sub_epi32(is, _mm256_set1_epi32(8 * *a.sum.add(blk)));
+                    }
+                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.add(blk)));
+                    acc[c] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(is), acc[c]);
+                    if KIND == Q4_1 {
+                        let mw = halves(rec, qb + 32 + 16 * h);
+                        acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*a.s.add(blk)), acc[c]);
+                    }
+                }
+            }
+        }
+        for (hh, acc) in accs.iter().enumerate() {
+            store::<C>(a, c0, h0 + hh, acc);
+        }
+    }
+
+    /// [`tile`] for `F32` activations: each 4-element group's weights are
+    /// widened to f32 once and multiplied with every activation row of the
+    /// tile, in the order of the scalar definition.
+    ///
+    /// # Safety
+    /// As [`tile`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn tile_f32<const KIND: u8, const C: usize, const HN: usize>(
+        a: &Args,
+        c0: usize,
+        h0: usize,
+    ) {
+        let qb = if KIND == Q8_0 { 512 } else { 256 };
+        let low = _mm256_set1_epi32(0x0F);
+        let mut accs = [[_mm256_setzero_ps(); C]; HN];
+        for b in 0..a.nb {
+            let rec = a.w.add(b * a.per);
+            prefetch(a, rec, h0, qb / 64 + 1);
+            for (hh, acc) in accs.iter_mut().enumerate() {
+                let h = h0 + hh;
+                let xat =
+                    |c: usize, e: usize| _mm256_set1_ps(*a.x.add(((c0 + c) * a.nb + b) * QK + e));
+                let mut bs = [_mm256_setzero_ps(); C];
+                if KIND == Q8_0 {
+                    for j in 0..8 {
+                        let v = _mm256_load_si256(rec.add(64 * j + 32 * h) as *const __m256i);
+                        for t in 0..4u32 {
+                            let up = _mm256_sllv_epi32(v, _mm256_set1_epi32(24 - 8 * t as i32));
+                            let wv = _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(up));
+                            for c in 0..C {
+                                bs[c] = _mm256_fmadd_ps(wv, xat(c, 4 * j + t as usize), bs[c]);
+                            }
+                        }
+                    }
+                } else {
+                    for j in 0..4 {
+                        let v = _mm256_load_si256(rec.add(64 * j + 32 * h) as *const __m256i);
+                        for t in 0..4u32 {
+                            let sh = _mm256_srlv_epi32(v, _mm256_set1_epi32(8 * t as i32));
+                            let lo = _mm256_cvtepi32_ps(_mm256_and_si256(sh, low));
+                            let hi = _mm256_cvtepi32_ps(_mm256_and_si256(
+                                _mm256_srli_epi32::<4>(sh),
+                                low,
+                            ));
+                            for c in 0..C {
+                                bs[c] = _mm256_fmadd_ps(lo, xat(c, 4 * j + t as usize), bs[c]);
+                                bs[c] = _mm256_fmadd_ps(hi, xat(c, 16 + 4 * j + t as usize), bs[c]);
+                            }
+                        }
+                    }
+                }
+                let dw = halves(rec, qb + 16 * h);
+                for c in 0..C {
+                    let sx = *a.s.add((c0 + c) * a.nb + b);
+                    let mut v = bs[c];
+                    if KIND == Q4_0 {
+                        v = _mm256_sub_ps(v, _mm256_set1_ps(8.0 * sx));
+                    }
+                    acc[c] = _mm256_fmadd_ps(dw, v, acc[c]);
+                    if KIND == Q4_1 {
+                        let mw = halves(rec, qb + 32 + 16 * h);
+                        acc[c] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx), acc[c]);
+                    }
+                }
+            }
+        }
+        for (hh, acc) in accs.iter().enumerate() {
+            store::<C>(a, c0, h0 + hh, acc);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -835,6 +1163,7 @@ mod tests {
             for (m, n, k) in [
                 (1, 16, 32),
                 (1, 37, 576),
+                (2, 24, 64),
                 (3, 50, 96),
                 (8, 16, 64),
                 (13, 33, 160),
