@@ -35,7 +35,7 @@ pub struct CpuOptions {
     /// Which ops may enter compiled segments.
     pub policy: SplitPolicy,
     /// Worker threads; `None` uses rayon's global pool. Models asking for
-    /// the same count share one pool per process (see [`shared_pool`])
+    /// the same count share one pool per process (see `shared_pool`)
     /// while any of them lives, so compiling many models never multiplies
     /// the threads.
     pub threads: Option<usize>,

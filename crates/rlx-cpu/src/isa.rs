@@ -156,9 +156,9 @@ fn init() -> Isa {
 /// What the CPU reports, read once.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CpuFeatures {
-    /// AVX2.
+    /// AVX2 (256-bit integer and float SIMD).
     pub avx2: bool,
-    /// FMA3.
+    /// FMA3 (fused multiply-add on 128/256-bit vectors).
     pub fma: bool,
     /// F16C (f16 <-> f32 conversion).
     pub f16c: bool,

@@ -6,6 +6,8 @@
 //! - [`FusedCompiler`]: the CPU segment compiler. It lowers a segment of
 //!   row-local ops to a fused plan that runs in one parallel region.
 
+#![deny(missing_docs)]
+
 mod arena;
 mod executor;
 mod fused;

@@ -28,9 +28,10 @@ pub enum CudaError {
     /// A cuBLAS or cuBLASLt call failed.
     #[error("cuBLAS: {what}: {message}")]
     Cublas {
-        /// The call.
+        /// The call or step that failed (`cublasGemmStridedBatchedEx`,
+        /// `cublasLt layout`, ...), prefixed `node N:` when it ran for a node.
         what: String,
-        /// Its status.
+        /// The library's status, as its `Debug` text.
         message: String,
     },
     /// A device allocation failed for lack of memory.

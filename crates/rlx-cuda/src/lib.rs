@@ -53,6 +53,8 @@
 //!   NVRTC module cache, buffers, graphs);
 //! - `lt` (cuBLASLt), then `executor` ([`CudaModel`], the segment compiler).
 
+#![deny(missing_docs)]
+
 mod cu;
 mod device;
 mod error;

@@ -5,6 +5,8 @@
 //! every node and returns a structured [`IrError`]. The `rlx-ref` crate holds the naive
 //! reference interpreter that every backend is tested against.
 
+#![deny(missing_docs)]
+
 pub mod cost;
 mod dtype;
 mod error;

@@ -314,14 +314,16 @@ pub enum Op {
         /// Epsilon added to the mean square.
         eps: f32,
     },
-    /// `LayerNorm(x + residual [+ bias])`; inputs x, residual, [bias], gamma, beta.
+    /// `LayerNorm(x + residual [+ bias])`; inputs x, residual, bias `[D]`
+    /// (only with `has_bias`), gamma, beta.
     FusedResidualLN {
         /// Whether a bias `[D]` input follows the residual.
         has_bias: bool,
         /// Variance epsilon.
         eps: f32,
     },
-    /// `RmsNorm(x + residual [+ bias])`; inputs x, residual, [bias], gamma.
+    /// `RmsNorm(x + residual [+ bias])`; inputs x, residual, bias `[D]`
+    /// (only with `has_bias`), gamma.
     FusedResidualRmsNorm {
         /// Whether a bias `[D]` input follows the residual.
         has_bias: bool,

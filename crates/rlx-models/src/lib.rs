@@ -9,6 +9,8 @@
 //! - [`sampling`]: greedy / temperature / top-k / top-p sampling.
 //! - [`validate`]: [`ConfigError`], the error of every hyper-parameter check.
 
+#![deny(missing_docs)]
+
 pub mod bert;
 pub mod embedder;
 pub mod gguf_tokenizer;

@@ -49,6 +49,7 @@
 //! is the last layer's hidden states `[B, S, D*H]`: forward in `0..H`,
 //! backward in `H..2H`; each layer feeds that same concatenation to the next.
 
+#![deny(missing_docs)]
 // Plain index loops are the house style here: they mirror the formulas.
 #![allow(clippy::needless_range_loop)]
 

@@ -11,6 +11,8 @@
 //!
 //! Backends (rlx-cpu, rlx-cuda) implement the traits and own their executors.
 
+#![deny(missing_docs)]
+
 pub mod bind;
 mod error;
 mod exec;

@@ -15,6 +15,8 @@
 //! CLI's `rlx serve` is [`Server::start`] then [`Server::wait`] (SIGTERM or
 //! Ctrl-C stops accepting, finishes the requests in flight, then returns).
 
+#![deny(missing_docs)]
+
 mod api;
 pub mod batcher;
 pub mod chat;

@@ -18,6 +18,8 @@
 //! # Ok::<(), rlx::Error>(())
 //! ```
 
+#![deny(missing_docs)]
+
 mod session;
 
 pub use rlx_ir as ir;

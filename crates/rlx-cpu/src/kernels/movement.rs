@@ -167,7 +167,7 @@ pub fn concat<T: Copy>(
     Ok(())
 }
 
-/// [`concat`] over executor buffers of one element kind.
+/// [`concat()`] over executor buffers of one element kind.
 pub fn concat_any(
     inputs: &[In<'_>],
     shapes: &[&Shape],

@@ -41,7 +41,7 @@ pub const INT_MAX_ROWS: usize = 48;
 /// A matrix of activations rounded to Q8 blocks of 32 (row-major `[m, k]`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Q8Rows {
-    /// Rows.
+    /// Number of rows (the `m` of `[m, k]`).
     pub m: usize,
     /// Elements per row (a multiple of [`QK`]).
     pub k: usize,

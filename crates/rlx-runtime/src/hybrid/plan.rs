@@ -195,7 +195,7 @@ fn as_thunk_step<L>(s: Segment) -> Step<L> {
 /// segment.
 ///
 /// A segment the compiler declines is retried as its maximal compilable
-/// sub-segments (see [`lower_pieces`]): only the nodes that no piece can
+/// sub-segments (see `lower_pieces`): only the nodes that no piece can
 /// hold run as thunks, each with its own reason. A segment (or piece) whose
 /// values nothing reads is compiled with its last node as output, as seed
 /// 002 does (docs/DESIGN.md, "Dead segments"). Every thunk keeps its own
