@@ -35,7 +35,7 @@ pub(crate) const GEMV_MIN_CHUNK: usize = 1 << 15;
 /// run one GEMV per row instead of dequantizing tiles for a GEMM: the dot
 /// kernels read the packed blocks directly, which is faster at these sizes
 /// (1 thread, Zen 3, 1536 x 576 Q4_1: 4 rows 0.25 ms vs 0.73 ms tiled).
-const GEMV_MAX_ROWS: usize = 8;
+pub(crate) const GEMV_MAX_ROWS: usize = 8;
 
 /// Weight rows dequantized per tile in the `m > 1` path for `n` rows of
 /// `k`: about 1 MiB of f32 (32 to 256 rows; larger tiles amortize gemm's

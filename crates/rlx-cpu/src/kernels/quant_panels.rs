@@ -295,6 +295,18 @@ impl QuantPanels {
         self.matmul_path(activations, x, m, out, parallel, PanelPath::active())
     }
 
+    /// Whether [`QuantPanels::matmul`] is the faster kernel for `m`
+    /// activation rows here. Not for `F32` activations past
+    /// `GEMV_MAX_ROWS` (8) rows on the AVX2 path: there the GGUF-layout
+    /// kernel (dequantize a tile, then the f32 GEMM) wins (SmolLM2 prefill
+    /// of 128 tokens, 2-thread Zen 3: 382 tok/s against 335 on panels;
+    /// int8 prefill and every decode are faster on panels).
+    pub fn serves(&self, activations: ActivationPrecision, m: usize) -> bool {
+        !(activations == ActivationPrecision::F32
+            && m > super::quant::GEMV_MAX_ROWS
+            && PanelPath::active() == PanelPath::Avx2)
+    }
+
     /// [`QuantPanels::matmul`] with a chosen kernel.
     pub fn matmul_path(
         &self,
