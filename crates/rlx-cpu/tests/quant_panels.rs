@@ -1,11 +1,11 @@
 //! `DequantMatMul`s (`Int8` and `F32` activations) on weights repacked
-//! into VNNI panels, through the executor: the model makes the panels from
+//! into 16-row panels, through the executor: the model makes the panels from
 //! the param (and remakes them when it changes), shares them with
 //! `compile_sharing`, and gives the numbers of the GGUF-layout kernels
 //! within f32 rounding.
 //!
-//! `RLX_CPU_QUANT_PANELS=1` forces panels on CPUs without AVX512-VNNI
-//! (there the portable panel kernel runs), so this runs everywhere; the
+//! `RLX_CPU_QUANT_PANELS=1` forces panels on CPUs without AVX2 (there
+//! the portable panel kernel runs), so this runs everywhere; the
 //! variable is set before any model is compiled (one test in this binary).
 
 use rlx_cpu::kernels::{run_op, In, Out};
@@ -14,25 +14,15 @@ use rlx_formats::{quant::dequantize, GgmlType};
 use rlx_ir::{ActivationPrecision, DType, Graph, Op, QuantScheme, Shape};
 use rlx_runtime::{Executable, TensorRef};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) as u32
-    }
-    fn f(&mut self) -> f32 {
-        self.next() as f32 / (1u64 << 31) as f32 * 2.0 - 1.0
-    }
-}
+#[path = "../../rlx/tests/common/rng.rs"]
+mod rng;
+use rng::Rng;
 
 fn packed(scheme: QuantScheme, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
     let rb = scheme.row_bytes(k).unwrap();
-    let mut w: Vec<u8> = (0..n * rb).map(|_| rng.next() as u8).collect();
+    let mut w: Vec<u8> = (0..n * rb).map(|_| rng.next_u64() as u8).collect();
     for blk in w.chunks_exact_mut(scheme.block_bytes()) {
-        let v = 0.002 + (rng.next() % 1000) as f32 * 5e-5;
+        let v = 0.002 + (rng.next_u64() % 1000) as f32 * 5e-5;
         blk[..2].copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
         if scheme == QuantScheme::Q4_1 {
             blk[2..4].copy_from_slice(&half::f16::from_f32(-8.0 * v).to_bits().to_le_bytes());
@@ -109,7 +99,7 @@ fn close(a: &[f32], b: &[f32], x: &[f32], scheme: QuantScheme, w: &[u8], what: &
 fn models_run_int8_matmuls_on_panels() {
     // SAFETY (of the test): set before any model in this binary compiles.
     std::env::set_var("RLX_CPU_QUANT_PANELS", "1");
-    let mut rng = Rng(42);
+    let mut rng = Rng::new(42);
     let schemes = [QuantScheme::Q4_0, QuantScheme::Q4_1, QuantScheme::Q8_0];
     let acts = [ActivationPrecision::Int8, ActivationPrecision::F32];
     for (scheme, act) in schemes.into_iter().flat_map(|s| acts.map(|a| (s, a))) {
@@ -122,7 +112,7 @@ fn models_run_int8_matmuls_on_panels() {
             };
             let mut a = CpuModel::compile(graph(scheme, act, 1), &opts).unwrap();
             a.set_param("w", TensorRef::U8(&w)).unwrap();
-            let x1: Vec<f32> = (0..K).map(|_| rng.f()).collect();
+            let x1: Vec<f32> = (0..K).map(|_| rng.f32()).collect();
             let y1 = a.run(&[("x", TensorRef::F32(&x1))]).unwrap()[0]
                 .as_f32()
                 .unwrap()
@@ -144,7 +134,7 @@ fn models_run_int8_matmuls_on_panels() {
             // Another shape shares the panels; 37 rows run 8/4/1-row tiles.
             let mut b = a.compile_sharing(graph(scheme, act, 37)).unwrap();
             assert_eq!(a.packed_bytes(), b.packed_bytes());
-            let x37: Vec<f32> = (0..37 * K).map(|_| rng.f()).collect();
+            let x37: Vec<f32> = (0..37 * K).map(|_| rng.f32()).collect();
             let y37 = b.run(&[("x", TensorRef::F32(&x37))]).unwrap()[0]
                 .as_f32()
                 .unwrap()

@@ -13,20 +13,8 @@ use rlx::cuda::CudaOptions;
 use rlx::models::llama::{argmax, LlamaDevice, LlamaModel};
 use std::path::PathBuf;
 
-/// Whether a CUDA device is usable (a failure without one under
-/// `RLX_REQUIRE_CUDA=1`, as in `common::cuda_or_skip`).
-fn cuda_or_skip() -> bool {
-    match rlx::cuda::cuda_available() {
-        Ok(_) => true,
-        Err(why) if std::env::var("RLX_REQUIRE_CUDA").is_ok_and(|v| v == "1") => {
-            panic!("RLX_REQUIRE_CUDA=1 but no CUDA device: {why}")
-        }
-        Err(why) => {
-            println!("skipped: no CUDA device ({why})");
-            false
-        }
-    }
-}
+mod common;
+use common::cuda_or_skip;
 
 fn model_path() -> Option<PathBuf> {
     if !cuda_or_skip() {
