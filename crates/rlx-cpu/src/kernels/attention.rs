@@ -394,7 +394,7 @@ simd_dispatch! {
         let qh = &q[qo..qo + d];
         for (j, s) in scores.iter_mut().enumerate() {
             let ko = (b * sk + klo + j) * p.k_row_stride + hk * d;
-            *s = simd::dot(qh, &k[ko..ko + d]);
+            *s = M::dot(qh, &k[ko..ko + d]);
         }
         let nk = scores.len();
         probs_rows(p, mask, scores, nk, b, h, i0, klo);
