@@ -399,12 +399,8 @@ simd_dispatch! {
         let nk = scores.len();
         probs_rows(p, mask, scores, nk, b, h, i0, klo);
         out.fill(0.0);
-        for (j, &pj) in scores.iter().enumerate() {
-            if pj != 0.0 {
-                let vo = (b * sk + klo + j) * p.v_row_stride + hk * d;
-                simd::axpy(pj, &v[vo..vo + d], out);
-            }
-        }
+        let v0 = (b * sk + klo) * p.v_row_stride + hk * d;
+        M::weighted_rows(scores, &v[v0..], p.v_row_stride, out);
     }
 }
 

@@ -74,6 +74,13 @@ pub trait Fma {
     fn dot(a: &[f32], b: &[f32]) -> f32 {
         dot(a, b)
     }
+
+    /// [`weighted_rows`] (the same products and additions in the same
+    /// order).
+    #[inline(always)]
+    fn weighted_rows(w: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        weighted_rows(w, rows, stride, out)
+    }
 }
 
 /// Hardware fused multiply-add; only for code compiled with the `fma`
@@ -125,6 +132,38 @@ impl Fma for HwFma {
             return unsafe { avx::dot(a, b) };
         }
         dot(a, b)
+    }
+
+    // The portable loop adds into `out` in memory once per row; this keeps
+    // 64-column strips of `out` in registers across the rows. Under the
+    // AVX2 kernels only: one-query attention's head loop got 25-30 %
+    // faster on Zen 3, while SmolLM2 decode on the AVX-512 Xeon moved
+    // -4 % to +5 % (same run), where the portable loop's 16-lane adds stay.
+    #[inline(always)]
+    fn weighted_rows(w: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if crate::isa::Isa::active() == crate::isa::Isa::Avx2
+            && std::is_x86_feature_detected!("avx")
+        {
+            // SAFETY: the CPU has AVX (checked just above).
+            return unsafe { avx::weighted_rows(w, rows, stride, out) };
+        }
+        weighted_rows(w, rows, stride, out)
+    }
+}
+
+/// `out += Σ_j w[j] · rows[j * stride..j * stride + out.len()]`, row by
+/// row in order, skipping rows whose weight is 0 (multiply, then add).
+///
+/// # Panics
+/// If `rows` is shorter than the last weighted row needs.
+#[inline(always)]
+pub fn weighted_rows(w: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    let d = out.len();
+    for (j, &wj) in w.iter().enumerate() {
+        if wj != 0.0 {
+            axpy(wj, &rows[j * stride..j * stride + d], out);
+        }
     }
 }
 
@@ -183,6 +222,80 @@ mod avx {
             s += x * y;
         }
         s
+    }
+
+    /// [`super::weighted_rows`] with each 64-column strip of `out` (then a
+    /// 32-column one, then the rest scalar) held in registers over all
+    /// rows: per element the same `out + w_j * x` sequence in row order,
+    /// so the same bits.
+    ///
+    /// # Safety
+    /// The CPU supports AVX.
+    #[target_feature(enable = "avx")]
+    #[inline]
+    pub unsafe fn weighted_rows(w: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        let d = out.len();
+        if w.is_empty() || d == 0 {
+            return;
+        }
+        // Every row read below lies inside `rows` (the portable loop would
+        // panic on the same input).
+        assert!(
+            (w.len() - 1) * stride + d <= rows.len(),
+            "weighted_rows: rows too short"
+        );
+        let mut c0 = 0;
+        while c0 + 64 <= d {
+            strip::<8>(w, rows, stride, &mut out[c0..c0 + 64], c0);
+            c0 += 64;
+        }
+        if c0 + 32 <= d {
+            strip::<4>(w, rows, stride, &mut out[c0..c0 + 32], c0);
+            c0 += 32;
+        }
+        if c0 < d {
+            for (j, &wj) in w.iter().enumerate() {
+                if wj != 0.0 {
+                    let row = &rows[j * stride + c0..j * stride + d];
+                    for (o, &x) in out[c0..].iter_mut().zip(row) {
+                        *o += wj * x;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Columns `c0..c0 + 8 * NV` of every weighted row, added into `out`.
+    ///
+    /// # Safety
+    /// AVX; `out` holds `8 * NV` floats and each row `j` of `w` has them at
+    /// `rows[j * stride + c0..]` (checked by the caller).
+    #[target_feature(enable = "avx")]
+    #[inline]
+    unsafe fn strip<const NV: usize>(
+        w: &[f32],
+        rows: &[f32],
+        stride: usize,
+        out: &mut [f32],
+        c0: usize,
+    ) {
+        let mut acc = [_mm256_setzero_ps(); NV];
+        for (c, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_loadu_ps(out.as_ptr().add(8 * c));
+        }
+        let base = rows.as_ptr().add(c0);
+        for (j, &wj) in w.iter().enumerate() {
+            if wj != 0.0 {
+                let b = _mm256_set1_ps(wj);
+                let row = base.add(j * stride);
+                for (c, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(b, _mm256_loadu_ps(row.add(8 * c))));
+                }
+            }
+        }
+        for (c, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(8 * c), *a);
+        }
     }
 
     /// The largest non-NaN element (`-inf` if none).
@@ -664,6 +777,21 @@ mod tests {
                 HwFma::dot(&x, &z[..n / 2]).to_bits(),
                 dot(&x, &z[..n / 2]).to_bits()
             );
+            for d in [1usize, 8, 32, 64, 72, 100, 128] {
+                let rows: Vec<f32> = (0..n * 131 + d)
+                    .map(|i| ((i * 29 % 31) as f32 - 15.0) * 0.13)
+                    .collect();
+                let mut w = z.clone();
+                if n > 2 {
+                    w[2] = 0.0;
+                }
+                let mut a: Vec<f32> = (0..d).map(|i| (i % 5) as f32 * 0.25 - 0.5).collect();
+                let mut b = a.clone();
+                HwFma::weighted_rows(&w, &rows, 131, &mut a);
+                weighted_rows(&w, &rows, 131, &mut b);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "weighted_rows n={n} d={d}");
+            }
             let want = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
             assert_eq!(HwFma::max_num(&x), want, "max of {n}");
             let mut y = x.clone();
