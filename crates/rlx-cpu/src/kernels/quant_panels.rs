@@ -552,20 +552,37 @@ impl Int8Acts {
     }
 }
 
+/// Raw views of one panel and the activations, for the vector kernels.
 #[cfg(target_arch = "x86_64")]
-// Register tiles are indexed [c] by loops over their const sizes.
-#[allow(clippy::needless_range_loop)]
-mod vnni {
-    use super::{Acts, Kind, QuantPanels, PANEL, Q4_0, Q4_1, Q8_0, QK};
-    use std::arch::x86_64::*;
+struct Args {
+    /// The panel's first block record; records are `per` bytes apart.
+    w: *const u8,
+    nb: usize,
+    per: usize,
+    /// Int8: the rounded activations.
+    q: *const i8,
+    /// F32: the activations.
+    x: *const f32,
+    d: *const f32,
+    /// Int8: `d Σ q` per block; F32: `Σ x` per block.
+    s: *const f32,
+    sum: *const i32,
+    /// Column `p * 16` of output row 0; rows are `n` apart.
+    out: *mut f32,
+    n: usize,
+    /// Columns of this panel that exist (16 but for the last panel).
+    valid: usize,
+}
 
-    /// Panel `p` against every activation row of `acts`, 8, 4, 2 or 1 rows
-    /// at a time.
+#[cfg(target_arch = "x86_64")]
+impl Args {
+    /// The views of panel `p` of `w` and of `acts`, with the activation
+    /// row count.
     ///
     /// # Safety
-    /// AVX-512 F/BW and VNNI; `out` holds `acts.m * w.n` floats.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn panel(w: &QuantPanels, acts: &Acts, p: usize, out: *mut f32) {
+    /// `out` holds `m * w.n` floats (`m` the rows of `acts`) and `p` is a
+    /// panel of `w`.
+    unsafe fn new(w: &QuantPanels, acts: &Acts, p: usize, out: *mut f32) -> (Args, usize) {
         let mut a = Args {
             w: w.lines
                 .as_ptr()
@@ -592,6 +609,25 @@ mod vnni {
                 *m
             }
         };
+        (a, m)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+// Register tiles are indexed [c] by loops over their const sizes.
+#[allow(clippy::needless_range_loop)]
+mod vnni {
+    use super::{Acts, Args, Kind, QuantPanels, PANEL, Q4_0, Q4_1, Q8_0, QK};
+    use std::arch::x86_64::*;
+
+    /// Panel `p` against every activation row of `acts`, 8, 4, 2 or 1 rows
+    /// at a time.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW and VNNI; `out` holds `acts.m * w.n` floats.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn panel(w: &QuantPanels, acts: &Acts, p: usize, out: *mut f32) {
+        let (a, m) = Args::new(w, acts, p, out);
         let f32_acts = matches!(acts, Acts::F32 { .. });
         let mut c = 0;
         macro_rules! tiles {
@@ -621,27 +657,6 @@ mod vnni {
             (Kind::Q4_1, true) => tiles!(tile_f32, Q4_1),
             (Kind::Q8_0, true) => tiles!(tile_f32, Q8_0),
         }
-    }
-
-    /// Raw views of one panel and the activations.
-    struct Args {
-        /// The panel's first block record; records are `per` bytes apart.
-        w: *const u8,
-        nb: usize,
-        per: usize,
-        /// Int8: the rounded activations.
-        q: *const i8,
-        /// F32: the activations.
-        x: *const f32,
-        d: *const f32,
-        /// Int8: `d Σ q` per block; F32: `Σ x` per block.
-        s: *const f32,
-        sum: *const i32,
-        /// Column `p * 16` of output row 0; rows are `n` apart.
-        out: *mut f32,
-        n: usize,
-        /// Columns of this panel that exist (16 but for the last panel).
-        valid: usize,
     }
 
     /// How many records (about 2.5 KiB for the 4-bit formats) ahead a
@@ -805,7 +820,7 @@ mod vnni {
 // Register tiles are indexed [c] by loops over their const sizes.
 #[allow(clippy::needless_range_loop)]
 mod avx2 {
-    use super::{Acts, Kind, QuantPanels, PANEL, Q4_0, Q4_1, Q8_0, QK};
+    use super::{Acts, Args, Kind, QuantPanels, Q4_0, Q4_1, Q8_0, QK};
     use std::arch::x86_64::*;
 
     /// Panel `p` against every activation row of `acts`, 4, 2 or 1 rows at
@@ -816,32 +831,7 @@ mod avx2 {
     /// activations over Q8_0 weights, `acts` holds the bytes unshifted.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn panel(w: &QuantPanels, acts: &Acts, p: usize, out: *mut f32) {
-        let mut a = Args {
-            w: w.lines
-                .as_ptr()
-                .cast::<u8>()
-                .add(p * w.nb * w.kind.lines() * 64),
-            nb: w.nb,
-            per: w.kind.lines() * 64,
-            q: std::ptr::null(),
-            x: std::ptr::null(),
-            d: std::ptr::null(),
-            s: std::ptr::null(),
-            sum: std::ptr::null(),
-            out: out.add(p * PANEL),
-            n: w.n,
-            valid: (w.n - p * PANEL).min(PANEL),
-        };
-        let m = match acts {
-            Acts::Int8(i) => {
-                (a.q, a.d, a.s, a.sum) = (i.q.as_ptr(), i.d.as_ptr(), i.s.as_ptr(), i.sum.as_ptr());
-                i.m
-            }
-            Acts::F32 { m, x, sums } => {
-                (a.x, a.s) = (x.as_ptr(), sums.as_ptr());
-                *m
-            }
-        };
+        let (a, m) = Args::new(w, acts, p, out);
         let f32_acts = matches!(acts, Acts::F32 { .. });
         macro_rules! tiles {
             ($tile:ident, $code:expr, $hn:expr, $h:expr) => {{
@@ -880,27 +870,6 @@ mod avx2 {
             kinds!(1, 0);
             kinds!(1, 1);
         }
-    }
-
-    /// Raw views of one panel and the activations (as in the VNNI kernel).
-    struct Args {
-        /// The panel's first block record; records are `per` bytes apart.
-        w: *const u8,
-        nb: usize,
-        per: usize,
-        /// Int8: the rounded activations.
-        q: *const i8,
-        /// F32: the activations.
-        x: *const f32,
-        d: *const f32,
-        /// Int8: `d Σ q` per block; F32: `Σ x` per block.
-        s: *const f32,
-        sum: *const i32,
-        /// Column `p * 16` of output row 0; rows are `n` apart.
-        out: *mut f32,
-        n: usize,
-        /// Columns of this panel that exist (16 but for the last panel).
-        valid: usize,
     }
 
     /// Records ahead that the first pass (`h == 0`) prefetches; the second
