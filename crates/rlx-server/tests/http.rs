@@ -704,26 +704,32 @@ fn queue_full_429_disconnect_frees_the_slot_and_shutdown_drains() {
     }
     let m = get(a, "/metrics").body;
     assert!(m.contains("rlx_disconnects_total 1"), "{m}");
-    // Shutdown with requests in flight: all of them complete.
-    let hs: Vec<_> = (0..2)
-        .map(|_| {
-            let b = json!({"prompt": "Count to ten:", "max_tokens": 12, "temperature": 0});
-            std::thread::spawn(move || post(a, "/v1/completions", &b))
-        })
-        .collect();
-    let t = std::time::Instant::now();
-    while active(a) == 0 || gauge(a, "rlx_queue_depth{queue=\"generation\"} ") == 0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "the requests did not arrive"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // Shutdown with requests in flight: all of them complete. The first
+    // is long so that it still holds the slot while the second waits in
+    // the queue, however fast the machine.
+    // (The counting prompt does not end early, as above.)
+    let spawn = |n: u32| {
+        let b = json!({"prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": n, "temperature": 0});
+        std::thread::spawn(move || post(a, "/v1/completions", &b))
+    };
+    let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
+        let t = std::time::Instant::now();
+        while !cond() {
+            assert!(t.elapsed() < Duration::from_secs(20), "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let first = spawn(96);
+    wait_for("the first request did not start", &|| active(a) == 1);
+    let second = spawn(12);
+    wait_for("the second request was not queued", &|| {
+        gauge(a, "rlx_queue_depth{queue=\"generation\"} ") == 1
+    });
     s.shutdown().unwrap();
-    for h in hs {
+    for (h, n) in [(first, 96), (second, 12)] {
         let r = h.join().unwrap();
         assert_eq!(r.status, 200, "{}", r.body);
-        assert_eq!(r.json()["usage"]["completion_tokens"], 12);
+        assert_eq!(r.json()["usage"]["completion_tokens"], n);
     }
     assert!(
         TcpStream::connect(a).is_err(),
