@@ -46,8 +46,8 @@ fn small_config() -> LlamaConfig {
 }
 
 fn synthetic(hybrid: bool, ctx: usize) -> LlamaModel {
-    let w = LlamaWeights::synthetic(&small_config(), QuantScheme::Q4_1, QuantScheme::Q8_0, 11)
-        .unwrap();
+    let w =
+        LlamaWeights::synthetic(&small_config(), QuantScheme::Q4_1, QuantScheme::Q8_0, 11).unwrap();
     LlamaModel::from_weights(w, ctx, opts(hybrid)).unwrap()
 }
 
@@ -146,7 +146,10 @@ fn check_batched(m: &mut LlamaModel, plans: &[Plan], what: &str) -> (usize, usiz
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0f32, f32::max);
             rows += 1;
-            let same_bits = got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
+            let same_bits = got
+                .iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
             exact += usize::from(same_bits);
             worst = worst.max(diff);
             if n <= 8 {
@@ -201,7 +204,11 @@ fn wide_plans(vocab: usize) -> Vec<Plan> {
 #[test]
 fn synthetic_batched_rows_equal_solo_decode() {
     for hybrid in [false, true] {
-        let what = if hybrid { "synthetic hybrid" } else { "synthetic thunks" };
+        let what = if hybrid {
+            "synthetic hybrid"
+        } else {
+            "synthetic thunks"
+        };
         let mut m = synthetic(hybrid, 64);
         let vocab = m.config().vocab;
         let (rows, exact, _, widest) = check_batched(&mut m, &join_leave_plans(vocab), what);
@@ -217,7 +224,11 @@ fn synthetic_batched_rows_equal_solo_decode() {
 fn smollm2_batched_rows_equal_solo_decode() {
     let Some(path) = model_path() else { return };
     for hybrid in [false, true] {
-        let what = if hybrid { "SmolLM2 hybrid" } else { "SmolLM2 thunks" };
+        let what = if hybrid {
+            "SmolLM2 hybrid"
+        } else {
+            "SmolLM2 thunks"
+        };
         let mut m = LlamaModel::load_with(&path, 96, opts(hybrid)).unwrap();
         let vocab = m.config().vocab;
         let (rows, exact, _, _) = check_batched(&mut m, &join_leave_plans(vocab), what);
@@ -287,7 +298,13 @@ fn decode_batch_rejects_bad_input_and_changes_nothing() {
     );
     assert_eq!(wrong_ctx.position(), 2);
     // Its own model takes it.
-    assert_eq!(longer.decode_batch(&mut [(&mut wrong_ctx, 3)]).unwrap().len(), 1);
+    assert_eq!(
+        longer
+            .decode_batch(&mut [(&mut wrong_ctx, 3)])
+            .unwrap()
+            .len(),
+        1
+    );
     assert_eq!(wrong_ctx.position(), 3);
     // A full cache.
     let (mut full, _) = prefill(&mut m, &(0..16).collect::<Vec<u32>>());
@@ -304,4 +321,107 @@ fn decode_batch_rejects_bad_input_and_changes_nothing() {
     assert_eq!(out.len(), 2);
     assert!(out.iter().all(|l| l.len() == vocab));
     assert_eq!((a.position(), b.position()), (4, 3));
+}
+
+/// Aggregate decode tokens/s of `decode_batch` at 1, 4, 8 and 16
+/// sequences against one stream's `decode`, on SmolLM2 (synthetic weights
+/// of its shapes when the file is missing), hybrid mode (as `rlx serve`
+/// runs it). `RLX_BATCH_STEPS` sets the timed steps per rep (default 32),
+/// `RLX_THREADS` the worker threads.
+#[test]
+#[ignore = "timing; run with --release -- --ignored --nocapture"]
+fn batched_decode_tok_s() {
+    let steps: usize = std::env::var("RLX_BATCH_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(32);
+    let threads = std::env::var("RLX_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    let reps = 3;
+    let ctx = 32 + 1 + (reps + 1) * steps;
+    let opts = CpuOptions {
+        hybrid: true,
+        threads,
+        ..CpuOptions::default()
+    };
+    let (mut m, what) = match model_path() {
+        Some(p) => (
+            LlamaModel::load_with(&p, ctx, opts).unwrap(),
+            "SmolLM2-135M Q4_1 GGUF",
+        ),
+        None => {
+            let w = LlamaWeights::synthetic(
+                &LlamaConfig::smollm2_135m(),
+                QuantScheme::Q4_1,
+                QuantScheme::Q8_0,
+                7,
+            )
+            .unwrap();
+            (
+                LlamaModel::from_weights(w, ctx, opts).unwrap(),
+                "synthetic SmolLM2-shaped weights",
+            )
+        }
+    };
+    let vocab = m.config().vocab;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    // One stream: prefill, then `steps` decode steps, timed per rep.
+    let mut single = Vec::new();
+    let mut logits = m.prefill(&prompt(32, 0, vocab)).unwrap();
+    for _ in 0..reps {
+        let t = std::time::Instant::now();
+        for _ in 0..steps {
+            logits = m.decode(argmax(&logits)).unwrap();
+        }
+        single.push(steps as f64 / t.elapsed().as_secs_f64());
+    }
+    let single = median(single);
+    println!("model: {what}, ctx {ctx}, hybrid, threads {threads:?}, {steps} steps x {reps} reps");
+    println!("| sequences | step ms (median) | aggregate tok/s | vs one stream |");
+    println!("|---|---|---|---|");
+    println!(
+        "| 1 (`decode`) | {:.2} | {single:.1} | 1.00x |",
+        1e3 / single
+    );
+    for n in [1usize, 4, 8, 16] {
+        let mut caches: Vec<(KvCache, u32)> = (0..n)
+            .map(|i| {
+                let (c, l) = prefill(&mut m, &prompt(32, i as u32 + 1, vocab));
+                (c, argmax(&l))
+            })
+            .collect();
+        let step = |m: &mut LlamaModel, caches: &mut Vec<(KvCache, u32)>| {
+            let mut b: Vec<(&mut KvCache, u32)> =
+                caches.iter_mut().map(|(c, id)| (c, *id)).collect();
+            let out = m.decode_batch(&mut b).unwrap();
+            for ((_, id), l) in caches.iter_mut().zip(&out) {
+                *id = argmax(l);
+            }
+        };
+        let t = std::time::Instant::now();
+        step(&mut m, &mut caches); // compiles the graph of n
+        let first = t.elapsed().as_secs_f64();
+        let mut rates = Vec::new();
+        for _ in 0..reps {
+            let t = std::time::Instant::now();
+            for _ in 0..steps - 1 {
+                step(&mut m, &mut caches);
+            }
+            rates.push(((steps - 1) * n) as f64 / t.elapsed().as_secs_f64());
+        }
+        let agg = median(rates);
+        println!(
+            "| {n} (`decode_batch`) | {:.2} | {agg:.1} | {:.2}x |",
+            1e3 * n as f64 / agg,
+            agg / single
+        );
+        eprintln!(
+            "  (first step of {n}, compile included: {:.0} ms)",
+            first * 1e3
+        );
+    }
 }

@@ -319,7 +319,10 @@ impl<'t> Worker<'t> {
         let ready: Vec<usize> = (0..self.slots.len())
             .filter(|&i| matches!(&self.slots[i], Some(s) if s.next.is_some()))
             .collect();
-        let ready: Vec<usize> = ready.into_iter().filter(|&i| self.still_wanted(i)).collect();
+        let ready: Vec<usize> = ready
+            .into_iter()
+            .filter(|&i| self.still_wanted(i))
+            .collect();
         for group in ready.chunks(MAX_DECODE_BATCH) {
             self.decode_group(group);
         }
@@ -338,7 +341,11 @@ impl<'t> Worker<'t> {
                 }
                 (c, _) => {
                     self.caches[i] = c;
-                    self.fail(i, false, "internal: a decoding slot lost its KV cache".into());
+                    self.fail(
+                        i,
+                        false,
+                        "internal: a decoding slot lost its KV cache".into(),
+                    );
                 }
             }
         }

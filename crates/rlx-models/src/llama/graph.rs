@@ -338,8 +338,10 @@ pub fn build_graph(
             let (ck_name, cv_name) = cache_names(l);
             let ck = b.g.param(&ck_name, kv_shape.clone());
             let cv = b.g.param(&cv_name, kv_shape.clone());
-            let ck = b.g.push(Op::CacheWrite { axis: 1 }, vec![ck, k, write_pos])?;
-            let cv = b.g.push(Op::CacheWrite { axis: 1 }, vec![cv, v, write_pos])?;
+            let ck =
+                b.g.push(Op::CacheWrite { axis: 1 }, vec![ck, k, write_pos])?;
+            let cv =
+                b.g.push(Op::CacheWrite { axis: 1 }, vec![cv, v, write_pos])?;
             match kv_mask {
                 None => b.g.push(attn(MaskKind::Causal), vec![q, k, v])?,
                 Some((kind, m)) => b.g.push(attn(kind), vec![q, ck, cv, m])?,
