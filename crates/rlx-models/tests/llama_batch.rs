@@ -5,13 +5,19 @@
 //! fetched), in thunks and hybrid mode; and the typed errors of bad input.
 //!
 //! What is asserted, per step and per sequence: the batched row's logits
-//! are bit-identical to that sequence's solo `decode` logits whenever every
-//! quantized matmul of the step runs the same kernel for N rows as for one
-//! (always at N <= 8; past 8 rows the AVX2 path sends f32-activation
-//! matmuls to the GGUF-layout tiled kernel, whose sums round differently),
-//! and otherwise within 1e-3 absolute with the same greedy id. Every
-//! sequence is fed its own solo greedy ids, so the rows stay comparable.
+//! are bit-identical to that sequence's solo `decode` logits, and the greedy
+//! ids equal, when the quantized matmuls run on panels
+//! (`rlx_cpu::kernels::quant_panels::panels_wanted`: AVX2 or AVX-512 VNNI),
+//! whose rows are bit for bit the one-row product for any row count up to
+//! `F32_PANEL_MAX_ROWS` (32, above `MAX_DECODE_BATCH`); every other op of
+//! the step computes each row alone (norms, rope, elementwise) or per
+//! sequence at the shapes of the one-row decode (cache writes, attention).
+//! Without panels (a portable build) the GGUF-layout kernel's many-row
+//! path rounds differently from its one-row GEMV, so there the rows are
+//! held to 1e-3 absolute and equal greedy ids. Every sequence is fed its own
+//! solo greedy ids, so the rows stay comparable.
 
+use rlx_cpu::kernels::quant_panels::panels_wanted;
 use rlx_cpu::CpuOptions;
 use rlx_ir::QuantScheme;
 use rlx_models::llama::{
@@ -152,7 +158,7 @@ fn check_batched(m: &mut LlamaModel, plans: &[Plan], what: &str) -> (usize, usiz
                 .all(|(a, b)| a.to_bits() == b.to_bits());
             exact += usize::from(same_bits);
             worst = worst.max(diff);
-            if n <= 8 {
+            if bit_exact() {
                 assert!(
                     same_bits,
                     "{what}: step {step}, seq {i} (row of {n}): batched logits differ from solo decode (max |diff| {diff})"
@@ -176,6 +182,12 @@ fn check_batched(m: &mut LlamaModel, plans: &[Plan], what: &str) -> (usize, usiz
     (rows, exact, worst, widest)
 }
 
+/// Whether batched rows must be bit-identical to the solo decode here: the
+/// quantized matmuls of both weight formats run on panels.
+fn bit_exact() -> bool {
+    panels_wanted(QuantScheme::Q4_1) && panels_wanted(QuantScheme::Q8_0)
+}
+
 /// Five sequences of prompt lengths 3..20 over 24+ steps: one joins at step
 /// 6, one leaves after 10 steps.
 fn join_leave_plans(vocab: usize) -> Vec<Plan> {
@@ -190,9 +202,9 @@ fn join_leave_plans(vocab: usize) -> Vec<Plan> {
         .collect()
 }
 
-/// Twelve sequences at once (past the 8-row kernel switch), 6 steps.
+/// Sixteen sequences at once (`MAX_DECODE_BATCH`), 6 steps.
 fn wide_plans(vocab: usize) -> Vec<Plan> {
-    (0..12)
+    (0..16)
         .map(|i| Plan {
             join: 0,
             steps: 6,
@@ -212,11 +224,15 @@ fn synthetic_batched_rows_equal_solo_decode() {
         let mut m = synthetic(hybrid, 64);
         let vocab = m.config().vocab;
         let (rows, exact, _, widest) = check_batched(&mut m, &join_leave_plans(vocab), what);
-        assert_eq!(widest, 5);
-        assert_eq!(rows, exact, "{what}: every row at N <= 8 is bit-identical");
-        assert!(rows >= 4 * 24 + 10);
-        let (rows, _, _, widest) = check_batched(&mut m, &wide_plans(vocab), what);
-        assert_eq!((rows, widest), (72, 12));
+        assert_eq!((rows, widest), (4 * 24 + 10, 5));
+        if bit_exact() {
+            assert_eq!(rows, exact, "{what}: every row is bit-identical");
+        }
+        let (rows, exact, _, widest) = check_batched(&mut m, &wide_plans(vocab), what);
+        assert_eq!((rows, widest), (96, 16));
+        if bit_exact() {
+            assert_eq!(rows, exact, "{what}: every row is bit-identical");
+        }
     }
 }
 
@@ -231,9 +247,12 @@ fn smollm2_batched_rows_equal_solo_decode() {
         };
         let mut m = LlamaModel::load_with(&path, 96, opts(hybrid)).unwrap();
         let vocab = m.config().vocab;
-        let (rows, exact, _, _) = check_batched(&mut m, &join_leave_plans(vocab), what);
-        assert_eq!(rows, exact, "{what}: every row at N <= 8 is bit-identical");
-        check_batched(&mut m, &wide_plans(vocab), what);
+        for plans in [join_leave_plans(vocab), wide_plans(vocab)] {
+            let (rows, exact, _, _) = check_batched(&mut m, &plans, what);
+            if bit_exact() {
+                assert_eq!(rows, exact, "{what}: every row is bit-identical");
+            }
+        }
     }
 }
 
