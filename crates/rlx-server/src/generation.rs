@@ -7,14 +7,17 @@
 //! it with [`LlamaModel::swap_cache`] and back out after), then one
 //! batched decode step ([`LlamaModel::decode_batch`]) for every active
 //! sequence together: one graph execution over `N` rows (in groups of at
-//! most [`MAX_DECODE_BATCH`]), so the weights are streamed once per step
-//! for all of them and the aggregate tokens/s grows with the number of
-//! active sequences. A new request joins the batch in the round of its
-//! prefill and leaves at EOS, a stop string, `max_tokens`, its deadline, or
-//! when its client goes away (the slot is free at once). Each sequence's
-//! logits are those of its own single-sequence decode (bit for bit up to 8
-//! rows per step; see `decode_batch`), so greedy answers do not depend on
-//! what else is running.
+//! most [`MAX_DECODE_BATCH`]), so each weight is streamed once per step for
+//! all of them rather than once per sequence. A new request joins the batch
+//! in the round of its prefill and leaves at EOS, a stop string,
+//! `max_tokens`, its deadline, or when its client goes away (the slot is
+//! free at once).
+//!
+//! Each sequence's logits are bit for bit those of its own single-sequence
+//! decode wherever the quantized matmuls run on panels (AVX2, AVX-512
+//! VNNI; see `decode_batch`), so greedy answers do not depend on what else
+//! is running. The batched graph of each `N` is compiled the first time `N`
+//! sequences decode together (tens to a few hundred ms, once) and kept.
 
 pub use crate::batcher::QueueFull;
 use crate::metrics::Metrics;

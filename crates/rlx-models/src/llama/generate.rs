@@ -584,6 +584,16 @@ impl LlamaModel {
     /// copy, and each advances by one position. The model's own cache and
     /// [`position`](Self::position) are not touched.
     ///
+    /// Each row is computed as the one-row [`decode`](Self::decode) of
+    /// that sequence computes it: the norms, rope and elementwise ops work
+    /// row by row, cache writes and attention run per sequence at the
+    /// one-row shapes, and the quantized matmuls, on panels (AVX2 or
+    /// AVX-512 VNNI), give each row bit for bit its one-row product at any
+    /// row count up to 32; so the logits are bit-identical to the solo
+    /// decode there (`tests/llama_batch.rs`). Without panels (a portable
+    /// build) the many-row GGUF-layout kernel rounds differently (about
+    /// 1e-4).
+    ///
     /// One graph per `N` is built and compiled on first use (sharing this
     /// model's weights and packed copies) and kept;
     /// [`prepare_decode_batch`](Self::prepare_decode_batch) compiles them
