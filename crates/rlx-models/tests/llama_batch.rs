@@ -346,7 +346,8 @@ fn decode_batch_rejects_bad_input_and_changes_nothing() {
 /// sequences against one stream's `decode`, on SmolLM2 (synthetic weights
 /// of its shapes when the file is missing), hybrid mode (as `rlx serve`
 /// runs it). `RLX_BATCH_STEPS` sets the timed steps per rep (default 32),
-/// `RLX_THREADS` the worker threads.
+/// `RLX_THREADS` the worker threads; `RLX_INT8=1` rounds the quantized
+/// matmuls' activations to int8 blocks (llama.cpp's scheme) instead of f32.
 #[test]
 #[ignore = "timing; run with --release -- --ignored --nocapture"]
 fn batched_decode_tok_s() {
@@ -364,25 +365,31 @@ fn batched_decode_tok_s() {
         threads,
         ..CpuOptions::default()
     };
-    let (mut m, what) = match model_path() {
-        Some(p) => (
-            LlamaModel::load_with(&p, ctx, opts).unwrap(),
-            "SmolLM2-135M Q4_1 GGUF",
-        ),
-        None => {
-            let w = LlamaWeights::synthetic(
+    let int8 = std::env::var("RLX_INT8").is_ok_and(|v| v == "1");
+    let (mut w, what) = match model_path() {
+        Some(p) => {
+            let f = rlx_formats::GgufFile::open(&p).unwrap();
+            let c = LlamaConfig::from_gguf(&f).unwrap();
+            (
+                LlamaWeights::load(&f, &c).unwrap(),
+                "SmolLM2-135M Q4_1 GGUF",
+            )
+        }
+        None => (
+            LlamaWeights::synthetic(
                 &LlamaConfig::smollm2_135m(),
                 QuantScheme::Q4_1,
                 QuantScheme::Q8_0,
                 7,
             )
-            .unwrap();
-            (
-                LlamaModel::from_weights(w, ctx, opts).unwrap(),
-                "synthetic SmolLM2-shaped weights",
-            )
-        }
+            .unwrap(),
+            "synthetic SmolLM2-shaped weights",
+        ),
     };
+    if int8 {
+        w.activations = rlx_ir::ActivationPrecision::Int8;
+    }
+    let mut m = LlamaModel::from_weights(w, ctx, opts).unwrap();
     let vocab = m.config().vocab;
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -399,7 +406,10 @@ fn batched_decode_tok_s() {
         single.push(steps as f64 / t.elapsed().as_secs_f64());
     }
     let single = median(single);
-    println!("model: {what}, ctx {ctx}, hybrid, threads {threads:?}, {steps} steps x {reps} reps");
+    let acts = if int8 { "int8" } else { "f32" };
+    println!(
+        "model: {what}, {acts} activations, ctx {ctx}, hybrid, threads {threads:?}, {steps} steps x {reps} reps"
+    );
     println!("| sequences | step ms (median) | aggregate tok/s | vs one stream |");
     println!("|---|---|---|---|");
     println!(
