@@ -345,21 +345,24 @@ fn decode_batch_rejects_bad_input_and_changes_nothing() {
 /// Aggregate decode tokens/s of `decode_batch` at 1, 4, 8 and 16
 /// sequences against one stream's `decode`, on SmolLM2 (synthetic weights
 /// of its shapes when the file is missing), hybrid mode (as `rlx serve`
-/// runs it). `RLX_BATCH_STEPS` sets the timed steps per rep (default 32),
-/// `RLX_THREADS` the worker threads; `RLX_INT8=1` rounds the quantized
-/// matmuls' activations to int8 blocks (llama.cpp's scheme) instead of f32.
+/// runs it). The configurations take turns step by step (one `decode`, one
+/// batched step of 1, of 4, ...), so a machine shared with other work
+/// slows them alike; each reports its median step time. `RLX_BATCH_STEPS`
+/// sets the timed steps (default 48), `RLX_THREADS` the worker threads;
+/// `RLX_INT8=1` rounds the quantized matmuls' activations to int8 blocks
+/// (llama.cpp's scheme) instead of f32.
 #[test]
 #[ignore = "timing; run with --release -- --ignored --nocapture"]
 fn batched_decode_tok_s() {
     let steps: usize = std::env::var("RLX_BATCH_STEPS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(32);
+        .unwrap_or(48);
     let threads = std::env::var("RLX_THREADS")
         .ok()
         .and_then(|s| s.parse().ok());
-    let reps = 3;
-    let ctx = 32 + 1 + (reps + 1) * steps;
+    let prompt_len = 32;
+    let ctx = prompt_len + 2 + steps;
     let opts = CpuOptions {
         hybrid: true,
         threads,
@@ -391,24 +394,55 @@ fn batched_decode_tok_s() {
     }
     let mut m = LlamaModel::from_weights(w, ctx, opts).unwrap();
     let vocab = m.config().vocab;
+    let sizes = [1usize, 4, 8, 16];
+    // The single stream lives in the model's own cache.
+    let mut single_logits = m.prefill(&prompt(prompt_len, 0, vocab)).unwrap();
+    let mut groups: Vec<Vec<(KvCache, u32)>> = sizes
+        .iter()
+        .map(|&n| {
+            (0..n)
+                .map(|i| {
+                    let (c, l) = prefill(&mut m, &prompt(prompt_len, i as u32 + 1, vocab));
+                    (c, argmax(&l))
+                })
+                .collect()
+        })
+        .collect();
+    let step = |m: &mut LlamaModel, g: &mut Vec<(KvCache, u32)>| {
+        let mut b: Vec<(&mut KvCache, u32)> = g.iter_mut().map(|(c, id)| (c, *id)).collect();
+        let out = m.decode_batch(&mut b).unwrap();
+        for ((_, id), l) in g.iter_mut().zip(&out) {
+            *id = argmax(l);
+        }
+    };
+    // The first step of each size compiles its graph: not timed.
+    let mut first_ms = Vec::new();
+    for g in groups.iter_mut() {
+        let t = std::time::Instant::now();
+        step(&mut m, g);
+        first_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    single_logits = m.decode(argmax(&single_logits)).unwrap();
+    let mut single_s = Vec::new();
+    let mut group_s: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];
+    for _ in 0..steps {
+        let t = std::time::Instant::now();
+        single_logits = m.decode(argmax(&single_logits)).unwrap();
+        single_s.push(t.elapsed().as_secs_f64());
+        for (g, times) in groups.iter_mut().zip(group_s.iter_mut()) {
+            let t = std::time::Instant::now();
+            step(&mut m, g);
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    // One stream: prefill, then `steps` decode steps, timed per rep.
-    let mut single = Vec::new();
-    let mut logits = m.prefill(&prompt(32, 0, vocab)).unwrap();
-    for _ in 0..reps {
-        let t = std::time::Instant::now();
-        for _ in 0..steps {
-            logits = m.decode(argmax(&logits)).unwrap();
-        }
-        single.push(steps as f64 / t.elapsed().as_secs_f64());
-    }
-    let single = median(single);
+    let single = 1.0 / median(single_s);
     let acts = if int8 { "int8" } else { "f32" };
     println!(
-        "model: {what}, {acts} activations, ctx {ctx}, hybrid, threads {threads:?}, {steps} steps x {reps} reps"
+        "model: {what}, {acts} activations, ctx {ctx}, hybrid, threads {threads:?}, {steps} interleaved steps per configuration"
     );
     println!("| sequences | step ms (median) | aggregate tok/s | vs one stream |");
     println!("|---|---|---|---|");
@@ -416,41 +450,13 @@ fn batched_decode_tok_s() {
         "| 1 (`decode`) | {:.2} | {single:.1} | 1.00x |",
         1e3 / single
     );
-    for n in [1usize, 4, 8, 16] {
-        let mut caches: Vec<(KvCache, u32)> = (0..n)
-            .map(|i| {
-                let (c, l) = prefill(&mut m, &prompt(32, i as u32 + 1, vocab));
-                (c, argmax(&l))
-            })
-            .collect();
-        let step = |m: &mut LlamaModel, caches: &mut Vec<(KvCache, u32)>| {
-            let mut b: Vec<(&mut KvCache, u32)> =
-                caches.iter_mut().map(|(c, id)| (c, *id)).collect();
-            let out = m.decode_batch(&mut b).unwrap();
-            for ((_, id), l) in caches.iter_mut().zip(&out) {
-                *id = argmax(l);
-            }
-        };
-        let t = std::time::Instant::now();
-        step(&mut m, &mut caches); // compiles the graph of n
-        let first = t.elapsed().as_secs_f64();
-        let mut rates = Vec::new();
-        for _ in 0..reps {
-            let t = std::time::Instant::now();
-            for _ in 0..steps - 1 {
-                step(&mut m, &mut caches);
-            }
-            rates.push(((steps - 1) * n) as f64 / t.elapsed().as_secs_f64());
-        }
-        let agg = median(rates);
+    for ((&n, times), first) in sizes.iter().zip(group_s).zip(first_ms) {
+        let ms = median(times) * 1e3;
+        let agg = n as f64 * 1e3 / ms;
         println!(
-            "| {n} (`decode_batch`) | {:.2} | {agg:.1} | {:.2}x |",
-            1e3 * n as f64 / agg,
+            "| {n} (`decode_batch`) | {ms:.2} | {agg:.1} | {:.2}x |",
             agg / single
         );
-        eprintln!(
-            "  (first step of {n}, compile included: {:.0} ms)",
-            first * 1e3
-        );
+        eprintln!("  (first step of {n}, compile included: {first:.0} ms)");
     }
 }

@@ -96,15 +96,6 @@ pub fn batch_cache_names(l: usize, b: usize) -> (String, String) {
     (format!("cache.k.{l}.b{b}"), format!("cache.v.{l}.b{b}"))
 }
 
-/// q, k, v of one layer: roped and split, or (batched decode with merged
-/// projections) the roped q|k columns and the q|k|v columns, which each
-/// sequence narrows to its own row first so that every part is a view.
-#[derive(Clone, Copy)]
-enum Qkv {
-    Split(NodeId, NodeId, NodeId),
-    Merged { qk: NodeId, qkv: NodeId },
-}
-
 /// Declares each param once.
 struct Builder<'a> {
     g: Graph,
@@ -260,33 +251,28 @@ pub fn build_graph(
     for l in 0..c.n_layers {
         let p = |s: &str| format!("blk.{l}.{s}.weight");
         let h = b.rms_norm(x, &p("attn_norm"))?;
-        let qkv = if b.w.linears.contains_key(&qkv_name(l)) {
+        let (q, k, v) = if b.w.linears.contains_key(&qkv_name(l)) {
             let qkv = b.linear(h, &qkv_name(l))?;
             let (dq, dkv) = (c.d_model, c.kv_dim());
+            let v = b.narrow(qkv, dq + dkv, dkv)?;
             if s == 1 {
                 // One token: q and k heads rotate by the same position, so
                 // one Rope covers both (the narrows are views).
                 let qk = b.narrow(qkv, 0, dq + dkv)?;
                 let qk = b.g.push(rope.clone(), vec![qk, pos])?;
-                if batched {
-                    Qkv::Merged { qk, qkv }
-                } else {
-                    let v = b.narrow(qkv, dq + dkv, dkv)?;
-                    Qkv::Split(b.narrow(qk, 0, dq)?, b.narrow(qk, dq, dkv)?, v)
-                }
+                (b.narrow(qk, 0, dq)?, b.narrow(qk, dq, dkv)?, v)
             } else {
-                let v = b.narrow(qkv, dq + dkv, dkv)?;
                 let q = b.narrow(qkv, 0, dq)?;
                 let k = b.narrow(qkv, dq, dkv)?;
                 let q = b.g.push(rope.clone(), vec![q, pos])?;
-                Qkv::Split(q, b.g.push(rope.clone(), vec![k, pos])?, v)
+                (q, b.g.push(rope.clone(), vec![k, pos])?, v)
             }
         } else {
             let q = b.linear(h, &p("attn_q"))?;
             let k = b.linear(h, &p("attn_k"))?;
             let v = b.linear(h, &p("attn_v"))?;
             let q = b.g.push(rope.clone(), vec![q, pos])?;
-            Qkv::Split(q, b.g.push(rope.clone(), vec![k, pos])?, v)
+            (q, b.g.push(rope.clone(), vec![k, pos])?, v)
         };
         let attn = |mask_kind| Op::Attention {
             num_heads: c.n_heads,
@@ -296,27 +282,20 @@ pub fn build_graph(
             attn_logit_softcap: None,
         };
         let a = if batched {
-            // Per sequence: its rows of q/k/v (views: axis 0 first, then the
-            // columns), written into and attending over its own caches.
+            // Per sequence: its row of q/k/v (`Narrow` on axis 0: a view,
+            // no dispatch; the column narrows above run once for all rows,
+            // in the rope's step of a hybrid plan); then it writes into and
+            // attends over its own caches.
+            let mut rows = Vec::with_capacity(n);
+            for i in 0..n {
+                rows.push((
+                    b.narrow_on(q, 0, i, 1)?,
+                    b.narrow_on(k, 0, i, 1)?,
+                    b.narrow_on(v, 0, i, 1)?,
+                ));
+            }
             let mut outs = Vec::with_capacity(n);
-            for (i, &(wp, m)) in per_seq.iter().enumerate() {
-                let (qi, ki, vi) = match qkv {
-                    Qkv::Merged { qk, qkv } => {
-                        let (dq, dkv) = (c.d_model, c.kv_dim());
-                        let qk = b.narrow_on(qk, 0, i, 1)?;
-                        let qkv = b.narrow_on(qkv, 0, i, 1)?;
-                        (
-                            b.narrow(qk, 0, dq)?,
-                            b.narrow(qk, dq, dkv)?,
-                            b.narrow(qkv, dq + dkv, dkv)?,
-                        )
-                    }
-                    Qkv::Split(q, k, v) => (
-                        b.narrow_on(q, 0, i, 1)?,
-                        b.narrow_on(k, 0, i, 1)?,
-                        b.narrow_on(v, 0, i, 1)?,
-                    ),
-                };
+            for (i, (&(wp, m), &(qi, ki, vi))) in per_seq.iter().zip(&rows).enumerate() {
                 let (ck_name, cv_name) = batch_cache_names(l, i);
                 let ck = b.g.param(&ck_name, kv_shape.clone());
                 let cv = b.g.param(&cv_name, kv_shape.clone());
@@ -330,11 +309,6 @@ pub fn build_graph(
                 b.g.push(Op::Concat { axis: 0 }, outs)?
             }
         } else {
-            let Qkv::Split(q, k, v) = qkv else {
-                return Err(LlamaError::BadConfig {
-                    detail: "internal: merged q|k|v kept whole outside the batched decode".into(),
-                });
-            };
             let (ck_name, cv_name) = cache_names(l);
             let ck = b.g.param(&ck_name, kv_shape.clone());
             let cv = b.g.param(&cv_name, kv_shape.clone());
