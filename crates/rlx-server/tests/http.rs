@@ -623,6 +623,22 @@ fn thirty_two_concurrent_mixed_clients_get_their_single_client_answers() {
         .parse()
         .unwrap();
     assert!(batches >= 1.0);
+    // The chats decoded together: some batched decode steps ran more than
+    // one sequence (16 chats over 4 slots).
+    let metric = |name: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let steps = metric("rlx_decode_batch_size_count ");
+    let single = metric("rlx_decode_batch_size_bucket{le=\"1\"} ");
+    assert!(
+        steps > single,
+        "every decode step ran one sequence ({steps} steps): no batching"
+    );
 }
 
 /// A gauge from /metrics (`name` with its labels and a trailing space).
