@@ -16,8 +16,9 @@
 //! Each sequence's logits are bit for bit those of its own single-sequence
 //! decode wherever the quantized matmuls run on panels (AVX2, AVX-512
 //! VNNI; see `decode_batch`), so greedy answers do not depend on what else
-//! is running. The batched graph of each `N` is compiled the first time `N`
-//! sequences decode together (tens to a few hundred ms, once) and kept.
+//! is running. The batched graphs of 1 to `slots` sequences (at most
+//! [`MAX_DECODE_BATCH`]) are compiled when the worker starts, before the
+//! first request (tens to a few hundred ms each, once).
 
 pub use crate::batcher::QueueFull;
 use crate::metrics::Metrics;
@@ -192,6 +193,13 @@ impl<'t> Worker<'t> {
     }
 
     fn run(mut self, rx: Receiver<GenRequest>) {
+        // Compile the batched decode graphs of every batch size the slots
+        // can make before the first request (not in the middle of serving).
+        // A failure here shows again, as a request error, at the first
+        // `decode_batch` of that size.
+        let _ = self
+            .model
+            .prepare_decode_batch(self.slots.len().min(MAX_DECODE_BATCH));
         let mut open = true;
         loop {
             // Admit waiting requests into free slots (block when idle).
