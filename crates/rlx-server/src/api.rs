@@ -37,6 +37,7 @@ pub(crate) fn router(state: S) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(state.clone(), track))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
@@ -171,6 +172,16 @@ async fn health(axum::extract::State(s): axum::extract::State<S>) -> Response {
         None => json!({"status": "loading"}),
     };
     (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
+}
+
+/// The OpenAPI 3.0 description of these endpoints (checked against the
+/// server by schemathesis in scripts/schemathesis).
+async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        include_str!("openapi.json"),
+    )
+        .into_response()
 }
 
 async fn metrics(axum::extract::State(s): axum::extract::State<S>) -> Response {
@@ -995,4 +1006,36 @@ async fn detokenize(
         .decode(&req.tokens)
         .map_err(|e| ApiError::bad_request(format!("tokens: {e}")))?;
     Ok(axum::Json(json!({"prompt": text})).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every route of the router is in /openapi.json and nothing else is.
+    #[test]
+    fn the_openapi_document_describes_every_route() {
+        let doc: serde_json::Value = serde_json::from_str(include_str!("openapi.json")).unwrap();
+        let mut documented: Vec<&str> = doc["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let src = include_str!("api.rs");
+        let mut routed: Vec<&str> = src
+            .split(".route(\"")
+            .skip(1)
+            .map(|s| &s[..s.find('"').unwrap()])
+            .collect();
+        documented.sort_unstable();
+        routed.sort_unstable();
+        assert_eq!(documented, routed);
+        for (path, ops) in doc["paths"].as_object().unwrap() {
+            for (method, op) in ops.as_object().unwrap() {
+                assert!(
+                    op["responses"]["200"].is_object(),
+                    "{method} {path} documents no 200"
+                );
+            }
+        }
+    }
 }
