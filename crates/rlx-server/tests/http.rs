@@ -504,7 +504,7 @@ fn bad_requests_get_4xx_and_the_server_stays_up() {
         ("/v1/embeddings", br#"{"input": [101, -1]}"#.to_vec(), 400),
         (
             "/v1/embeddings",
-            format!("{{\"input\": {:?}}}", vec![101; 600]).into_bytes(),
+            format!("{{\"input\": {:?}, \"truncate\": false}}", vec![101; 600]).into_bytes(),
             400,
         ),
         (
