@@ -417,6 +417,7 @@ fn profile_decode(
         crate::bench::print_profile(&prefill, 1, threads);
     }
     let mut runs = Vec::new();
+    let t = std::time::Instant::now();
     for _ in 0..steps {
         let id = rlx::models::llama::argmax(&logits);
         let (l, p) = model.decode_profiled(id).map_err(|e| e.to_string())?;
@@ -426,9 +427,11 @@ fn profile_decode(
         }
         runs.push(p);
     }
+    let wall_ms = t.elapsed().as_secs_f64() * 1e3 / steps as f64;
     let acc = crate::bench::mean_profile(runs);
     eprintln!(
-        "\ndecode step profile (mean of {steps} steps after a {}-token prefill):",
+        "\ndecode step profile (mean of {steps} steps after a {}-token prefill; \
+         {wall_ms:.3} ms per step wall, the dispatches below included):",
         prompt.len()
     );
     crate::bench::print_profile(&acc, steps, threads);
