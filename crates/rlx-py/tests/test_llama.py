@@ -109,7 +109,7 @@ def test_tokenize_round_trip(llm):
     [
         ({"max_tokens": 0}, ValueError, "max_tokens=0"),
         ({"max_tokens": 10**6}, ValueError, "max_tokens=1000000: expected 1..="),
-        ({"max_tokens": 10**30}, (ValueError, OverflowError), ""),
+        ({"max_tokens": 10**30}, (ValueError, OverflowError), "max_tokens|too big|overflow"),
         ({"temperature": -1.0}, ValueError, "temperature"),
         ({"temperature": float("nan")}, ValueError, "temperature"),
         ({"top_p": 2.0}, ValueError, "top_p"),
@@ -134,9 +134,9 @@ def test_bad_inputs_raise(llm, tmp_path):
         llm.generate("", max_tokens=3)  # SmolLM2 adds no BOS
     with pytest.raises(TypeError, match="messages"):
         llm.chat("hello")
-    with pytest.raises(ValueError, match=r"messages\[0\]: missing key 'content'"):
+    with pytest.raises(ValueError, match=r'messages\[0\]: missing key "content"'):
         llm.chat([{"role": "user"}])
-    with pytest.raises(TypeError, match=r"messages\[0\]\['content'\]: expected str"):
+    with pytest.raises(TypeError, match=r'messages\[0\]\["content"\]: expected str'):
         llm.chat([{"role": "user", "content": 3}])
     with pytest.raises(ValueError, match="empty"):
         llm.chat([])
@@ -152,7 +152,7 @@ def test_bad_inputs_raise(llm, tmp_path):
         rlx.LlamaModel("smollm2", ctx=0)
     with pytest.raises(ValueError, match="ctx=100000000"):
         rlx.LlamaModel("smollm2", ctx=10**8)
-    with pytest.raises(rlx.RlxError, match="CPU"):
+    with pytest.raises(rlx.RlxError, match="CUDA|CPU"):
         rlx.LlamaModel("smollm2", device="cuda")
     # The model still works after all of that.
     assert llm.generate(PROMPT, max_tokens=3)
