@@ -67,13 +67,22 @@ def embed_parquet(
     model: str = "minilm",
     device: str = "cpu",
     threads_per_worker: int = 1,
+    num_cpus_per_worker: float | None = None,
+    io_num_cpus: float = 0.25,
     num_gpus: float = 0,
 ) -> None:
     """Read Parquet from ``src``, embed ``column`` on ``concurrency`` actors
-    in batches of ``batch_size`` rows, write Parquet to ``dst``."""
+    in batches of ``batch_size`` rows, write Parquet to ``dst``.
+
+    Each actor runs rlx on ``threads_per_worker`` threads and reserves
+    ``num_cpus_per_worker`` CPUs (default: as many as its threads); the read
+    and write tasks reserve ``io_num_cpus`` each. Leave room for them: actors
+    that reserve every CPU of the cluster starve the reads and the pipeline
+    waits forever (e.g. 2 actors x 1 CPU on ``ray.init(num_cpus=2)``)."""
     import ray
 
-    ds = ray.data.read_parquet(src)
+    io = {"num_cpus": io_num_cpus}
+    ds = ray.data.read_parquet(src, ray_remote_args=io)
     extra: dict[str, Any] = {"num_gpus": num_gpus} if num_gpus else {}
     ds = ds.map_batches(
         RlxEmbedder,
@@ -86,10 +95,10 @@ def embed_parquet(
         concurrency=concurrency,
         batch_size=batch_size,
         batch_format="pyarrow",
-        num_cpus=threads_per_worker,
+        num_cpus=threads_per_worker if num_cpus_per_worker is None else num_cpus_per_worker,
         **extra,
     )
-    ds.write_parquet(dst)
+    ds.write_parquet(dst, ray_remote_args=io)
 
 
 def read_embeddings(path: str, column: str = "embedding") -> tuple[pa.Table, np.ndarray]:
@@ -111,6 +120,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=2, help="actors (model copies)")
     p.add_argument("--batch-size", type=int, default=256, help="rows per map_batches call")
     p.add_argument("--threads-per-worker", type=int, default=1)
+    p.add_argument("--num-cpus-per-worker", type=float, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--num-gpus", type=float, default=0, help="GPUs per actor")
     p.add_argument("--address", default=None, help="Ray cluster address (default: local)")
@@ -132,6 +142,7 @@ def main() -> None:
         model=a.model,
         device=a.device,
         threads_per_worker=a.threads_per_worker,
+        num_cpus_per_worker=a.num_cpus_per_worker,
         num_gpus=a.num_gpus,
     )
 

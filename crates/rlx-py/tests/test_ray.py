@@ -40,7 +40,14 @@ def corpus(n: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Workers import the example module by name (Ray pickles the class by
+    # reference), so they get its folder on their path.
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(EXAMPLE.parent)}},
+    )
     yield
     ray.shutdown()
 
@@ -56,7 +63,11 @@ def test_ray_pipeline_matches_single_process(tmp_path, local_ray, embedder):
         ids = list(range(3000))[part]
         pq.write_table(pa.table({"id": ids, "text": texts[part]}), src / f"part{k}.parquet")
     dst = tmp_path / "out"
-    ex.embed_parquet(str(src), str(dst), concurrency=2, batch_size=250)
+    # Two actors on rlx's one thread each; 0.75 CPU reserved per actor leaves
+    # room for the read and write tasks on this 2-CPU Ray.
+    ex.embed_parquet(
+        str(src), str(dst), concurrency=2, batch_size=250, num_cpus_per_worker=0.75
+    )
 
     table, emb = ex.read_embeddings(str(dst))
     ids = table.column("id").to_pylist()
