@@ -2,7 +2,10 @@
 embedding equals the single-process result, no row lost or duplicated.
 
 Opt-in: needs `ray` (scripts/python/run.sh installs it, pinned, with
-RLX_PY_RAY=1); skipped when ray is not installed.
+RLX_PY_RAY=1); skipped when ray is not installed. Status: does not pass
+yet. With ray 2.60 on `ray.init(num_cpus=2)` the reads finish (3000 rows)
+but the first map_batches call had not returned after 5 minutes on a
+loaded 2-core machine (only one of the two actors had started).
 """
 
 from __future__ import annotations
@@ -63,10 +66,12 @@ def test_ray_pipeline_matches_single_process(tmp_path, local_ray, embedder):
         ids = list(range(3000))[part]
         pq.write_table(pa.table({"id": ids, "text": texts[part]}), src / f"part{k}.parquet")
     dst = tmp_path / "out"
-    # Two actors on rlx's one thread each; 0.75 CPU reserved per actor leaves
-    # room for the read and write tasks on this 2-CPU Ray.
+    # Two actors on rlx's one thread each. Ray's accounting must leave room
+    # for Ray Data's file listing (1 CPU) and the read/write tasks on this
+    # 2-CPU Ray: with 2 x 1 (or 2 x 0.75) CPU reserved by the actors the
+    # pipeline waited forever, so each actor reserves 0.5.
     ex.embed_parquet(
-        str(src), str(dst), concurrency=2, batch_size=250, num_cpus_per_worker=0.75
+        str(src), str(dst), concurrency=2, batch_size=250, num_cpus_per_worker=0.5
     )
 
     table, emb = ex.read_embeddings(str(dst))
