@@ -18,7 +18,7 @@ cargo test --workspace
 # `rlx serve`, with the rlx binary cargo test just built (~30 s).
 bash scripts/openai_client/run.sh
 # The Python package: build the wheel with maturin (cargo's test profile, so
-# it reuses what cargo test just compiled), install it into a fresh venv,
+# it can reuse much of what cargo test compiled), install it into a fresh venv,
 # run its pytest suite (parity, generation vs the CLI, threads, bad input,
 # memory).
 time bash scripts/python/run.sh

@@ -9,9 +9,10 @@
 #
 # The wheel is built with cargo's `dev` profile raised to opt-level 2
 # (CARGO_PROFILE_DEV_OPT_LEVEL=2): those are exactly the settings of the
-# workspace's `test` profile, so the workspace crates and every dependency
-# are the artifacts `cargo test --workspace` already built and only pyo3 and
-# rlx-py itself compile. (maturin cannot build with `--profile test`: cargo
+# workspace's `test` profile, so cargo can reuse the artifacts `cargo test
+# --workspace` built wherever the feature sets agree (a crate whose features
+# differ between the whole workspace and rlx-py alone is compiled again);
+# pyo3 and rlx-py itself always compile. (maturin cannot build with `--profile test`: cargo
 # rustc builds the test harness under that profile.) RLX_PY_PROFILE=release
 # builds what `pip install ./crates/rlx-py` builds.
 set -euo pipefail
