@@ -17,11 +17,15 @@ cargo test --workspace
 # The official OpenAI Python client (pinned, in .venv-openai) against
 # `rlx serve`, with the rlx binary cargo test just built (~30 s).
 bash scripts/openai_client/run.sh
-# The Python package: build the wheel with maturin (cargo's test profile, so
-# it can reuse much of what cargo test compiled), install it into a fresh venv,
-# run its pytest suite (parity, generation vs the CLI, threads, bad input,
-# memory).
+# The Python package: build the wheel with maturin (cargo's dev profile at
+# the test profile's opt-level, so it can reuse much of what cargo test
+# compiled), install it into a fresh venv, run its pytest suite (parity,
+# generation vs the CLI, threads, bad input, memory).
 time bash scripts/python/run.sh
+# schemathesis (pinned, in .venv-schemathesis) against `rlx serve`, driven
+# by the server's /openapi.json: generated valid and invalid requests to
+# every endpoint, no 5xx, every response as documented (~4 min).
+bash scripts/schemathesis/run.sh
 # Fuzz every file reader for a bounded time (fuzz/ on nightly, or stable with
 # RUSTC_BOOTSTRAP=1; a crash or memory blow-up fails the run).
 RLX_FUZZ_SECS="${RLX_FUZZ_SECS:-30}" bash scripts/fuzz.sh

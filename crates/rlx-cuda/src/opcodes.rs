@@ -4,8 +4,9 @@
 //! One table: [`act_cuda`] and [`bin_cuda`] give each op's CUDA C, its code
 //! is its position in `Activation::ALL` / `BinaryOp::ALL`, and
 //! [`ops_cuh`] generates the `act_apply` / `bin_apply` switches from them
-//! (spliced into `cu/common.cuh` where it includes `ops.cuh`). Adding an
-//! activation is one arm in [`act_cuda`]; the checked-in `cu/ops.cuh` (for
+//! (spliced into `cu/common.cuh` where it includes `ops.cuh`). An
+//! activation with no arm in [`act_cuda`] gets the C of its formula
+//! (`Activation::formula`); the checked-in `cu/ops.cuh` (for
 //! nvcc builds of the `.cu` files) is kept equal by a test that rewrites it
 //! with `RLX_BLESS=1`.
 
@@ -14,28 +15,34 @@ use rlx_ir::DType;
 
 /// CUDA C of `act_apply`'s case for `a`: statements over `float x` that
 /// return the result.
-fn act_cuda(a: Activation) -> &'static str {
+fn act_cuda(a: Activation) -> std::borrow::Cow<'static, str> {
     match a {
-        Activation::Relu => "return x < 0.0f ? 0.0f : x;",
-        Activation::Gelu => "return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));",
-        Activation::GeluTanh => {
-            "{ float u = 0.7978845608028654f * (x + 0.044715f * x * x * x); \
+        Activation::Relu => "return x < 0.0f ? 0.0f : x;".into(),
+        Activation::Gelu => "return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));".into(),
+        Activation::GeluTanh => "{ float u = 0.7978845608028654f * (x + 0.044715f * x * x * x); \
              return 0.5f * x * (1.0f + tanhf(u)); }"
-        }
-        Activation::Silu => "return x / (1.0f + expf(-x));",
-        Activation::Sigmoid => "return 1.0f / (1.0f + expf(-x));",
-        Activation::Tanh => "return tanhf(x);",
-        Activation::Exp => "return expf(x);",
-        Activation::Neg => "return -x;",
-        Activation::Sqrt => "return sqrtf(x);",
-        Activation::Rsqrt => "return 1.0f / sqrtf(x);",
-        Activation::Abs => "return fabsf(x);",
+            .into(),
+        Activation::Silu => "return x / (1.0f + expf(-x));".into(),
+        Activation::Sigmoid => "return 1.0f / (1.0f + expf(-x));".into(),
+        Activation::Tanh => "return tanhf(x);".into(),
+        Activation::Exp => "return expf(x);".into(),
+        Activation::Neg => "return -x;".into(),
+        Activation::Sqrt => "return sqrtf(x);".into(),
+        Activation::Rsqrt => "return 1.0f / sqrtf(x);".into(),
+        Activation::Abs => "return fabsf(x);".into(),
         Activation::Softplus => {
-            "{ float m = x > 0.0f ? x : 0.0f; return m + log1pf(expf(-fabsf(x))); }"
+            "{ float m = x > 0.0f ? x : 0.0f; return m + log1pf(expf(-fabsf(x))); }".into()
         }
         Activation::Mish => {
             "{ float m = x > 0.0f ? x : 0.0f; return x * tanhf(m + log1pf(expf(-fabsf(x)))); }"
+                .into()
         }
+        // No CUDA C of its own: the activation table's formula (every
+        // activation without one has an arm above).
+        a => match a.formula() {
+            Some(f) => format!("return {};", f.cuda()).into(),
+            None => "return QNAN;".into(),
+        },
     }
 }
 

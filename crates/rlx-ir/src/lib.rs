@@ -10,6 +10,7 @@
 pub mod cost;
 mod dtype;
 mod error;
+mod formula;
 mod graph;
 pub mod infer;
 pub mod op;
@@ -18,6 +19,7 @@ mod tensor;
 
 pub use dtype::DType;
 pub use error::IrError;
+pub use formula::Formula;
 pub use graph::{Graph, Node, NodeId};
 pub use op::{
     Activation, ActivationPrecision, BinaryOp, MaskKind, Op, QuantScheme, ReduceOp, RopeStyle,

@@ -28,57 +28,76 @@
 //!   below the smallest normal f32 (zero included) every `x̂_i` of the block
 //!   is 0; a block holding a NaN or an infinity gives NaN for every `x̂_i`.
 
+use crate::formula::Formula::{self, *};
 use crate::{DType, Tensor};
 
-/// Elementwise unary functions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Activation {
-    /// max(x, 0).
-    Relu,
-    /// Exact GELU: x * Φ(x), with the error function.
-    Gelu,
-    /// GELU with the tanh approximation.
-    GeluTanh,
-    /// x * sigmoid(x).
-    Silu,
-    /// 1 / (1 + e^-x).
-    Sigmoid,
-    /// tanh(x).
-    Tanh,
-    /// e^x.
-    Exp,
-    /// -x.
-    Neg,
-    /// sqrt(x).
-    Sqrt,
-    /// 1 / sqrt(x).
-    Rsqrt,
-    /// |x|.
-    Abs,
-    /// ln(1 + e^x).
-    Softplus,
-    /// x * tanh(softplus(x)).
-    Mish,
+/// Defines [`Activation`], [`Activation::ALL`] and [`Activation::formula`]
+/// from one table: a new activation is one entry here. Backends with no
+/// hand-written kernel for it derive theirs from the formula (the reference
+/// interpreter in f64, the CPU in f32, CUDA from [`Formula::cuda`]), and the
+/// conformance suite takes its cases from `ALL`.
+macro_rules! activations {
+    ($($(#[$doc:meta])* $name:ident = $formula:expr;)*) => {
+        /// Elementwise unary functions.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Activation {
+            $($(#[$doc])* $name,)*
+        }
+
+        impl Activation {
+            /// Every activation, for tests and property generators; an
+            /// activation's op code is its position here.
+            pub const ALL: [Activation; <[&str]>::len(&[$(stringify!($name)),*])] =
+                [$(Activation::$name),*];
+
+            /// Its definition as a scalar formula (`None`: it needs a
+            /// function formulas lack, and every backend implements it by
+            /// hand).
+            pub fn formula(self) -> Option<Formula> {
+                match self {
+                    $(Activation::$name => $formula,)*
+                }
+            }
+        }
+    };
 }
 
-impl Activation {
-    /// Every activation, for tests and property generators.
-    pub const ALL: [Activation; 13] = [
-        Activation::Relu,
-        Activation::Gelu,
-        Activation::GeluTanh,
-        Activation::Silu,
-        Activation::Sigmoid,
-        Activation::Tanh,
-        Activation::Exp,
-        Activation::Neg,
-        Activation::Sqrt,
-        Activation::Rsqrt,
-        Activation::Abs,
-        Activation::Softplus,
-        Activation::Mish,
-    ];
+activations! {
+    /// max(x, 0).
+    Relu = Some(Max(&X, &C(0.0)));
+    /// Exact GELU: x * Φ(x), with the error function.
+    Gelu = None;
+    /// GELU with the tanh approximation.
+    GeluTanh = Some(Mul(
+        &Mul(&C(0.5), &X),
+        &Add(&C(1.0), &Tanh(&Mul(&C(0.7978845608028654), &Add(&X, &Mul(&C(0.044715), &Mul(&X, &Mul(&X, &X))))))),
+    ));
+    /// x * sigmoid(x).
+    Silu = Some(Div(&X, &Add(&C(1.0), &Exp(&Neg(&X)))));
+    /// 1 / (1 + e^-x).
+    Sigmoid = Some(Div(&C(1.0), &Add(&C(1.0), &Exp(&Neg(&X)))));
+    /// tanh(x).
+    Tanh = Some(Tanh(&X));
+    /// e^x.
+    Exp = Some(Exp(&X));
+    /// -x.
+    Neg = Some(Neg(&X));
+    /// sqrt(x).
+    Sqrt = Some(Sqrt(&X));
+    /// 1 / sqrt(x).
+    Rsqrt = Some(Div(&C(1.0), &Sqrt(&X)));
+    /// |x|.
+    Abs = Some(Abs(&X));
+    /// ln(1 + e^x), as max(x, 0) + ln(1 + e^-|x|).
+    Softplus = Some(SOFTPLUS);
+    /// x * tanh(softplus(x)).
+    Mish = Some(Mul(&X, &Tanh(&SOFTPLUS)));
+    /// x / (1 + |x|).
+    Softsign = Some(Div(&X, &Add(&C(1.0), &Abs(&X))));
 }
+
+/// ln(1 + e^x) without overflow.
+const SOFTPLUS: Formula = Add(&Max(&X, &C(0.0)), &Log1p(&Exp(&Neg(&Abs(&X)))));
 
 /// Elementwise binary functions with numpy broadcasting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -227,6 +227,21 @@ impl BertTokenizer {
         Ok(batch.ids[..batch.lengths[0]].to_vec())
     }
 
+    /// [`encode`](Self::encode), and whether the sentence was longer than
+    /// [`max_seq_len`](Self::max_seq_len) (its ids were truncated).
+    pub fn encode_checked(&self, text: &str) -> Result<(Vec<i64>, bool), TokenizerError> {
+        let enc = self
+            .inner
+            .encode(text, true)
+            .map_err(|e| TokenizerError::Encode {
+                path: self.path.clone(),
+                message: e.to_string(),
+            })?;
+        let n = enc.get_attention_mask().iter().filter(|&&m| m != 0).count();
+        let ids = enc.get_ids()[..n].iter().map(|&x| i64::from(x)).collect();
+        Ok((ids, !enc.get_overflowing().is_empty()))
+    }
+
     /// Encodes sentences into a right-padded `[batch, seq]` batch where `seq` is
     /// the longest sentence after truncation.
     pub fn encode_batch(&self, texts: &[&str]) -> Result<Batch, TokenizerError> {

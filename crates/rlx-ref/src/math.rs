@@ -119,5 +119,8 @@ pub fn activation(act: Activation, x: f64) -> f64 {
             x.max(0.0) + (-x.abs()).exp().ln_1p()
         }
         Activation::Mish => x * (x.max(0.0) + (-x.abs()).exp().ln_1p()).tanh(),
+        // No definition of its own here: the activation table's formula
+        // (every activation without one has an arm above).
+        a => a.formula().map_or(f64::NAN, |f| f.eval_f64(x)),
     }
 }

@@ -127,3 +127,28 @@ fn activation_op_applies_elementwise() {
     let got = run_f32(Op::Activation(Activation::Gelu), &[t(&[2], &[1.0, -1.0])]);
     assert_close(&got, &[0.841344746068543, -0.15865525393145705], 1e-7);
 }
+
+/// Every activation's table formula agrees with the reference's own
+/// definition (where it has one) to f64 rounding.
+#[test]
+fn activation_formulas_match_the_reference() {
+    for act in Activation::ALL {
+        let Some(f) = act.formula() else { continue };
+        let mut x = -25.0f64;
+        while x < 25.0 {
+            let (want, got) = (activation(act, x), f.eval_f64(x));
+            if !(want.is_nan() && got.is_nan()) {
+                let tol = 1e-12 * want.abs().max(1.0);
+                assert!((want - got).abs() <= tol, "{act:?}({x}): {got} vs {want}");
+            }
+            x += 0.173;
+        }
+        for x in [0.0, -0.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let (want, got) = (activation(act, x), f.eval_f64(x));
+            assert!(
+                want == got || (want.is_nan() && got.is_nan()),
+                "{act:?}({x}): {got} vs {want}"
+            );
+        }
+    }
+}

@@ -37,6 +37,7 @@ pub(crate) fn router(state: S) -> Router {
         .route("/detokenize", post(detokenize))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(state.clone(), track))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
@@ -173,6 +174,16 @@ async fn health(axum::extract::State(s): axum::extract::State<S>) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response()
 }
 
+/// The OpenAPI 3.0 description of these endpoints (checked against the
+/// server by schemathesis in scripts/schemathesis).
+async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        include_str!("openapi.json"),
+    )
+        .into_response()
+}
+
 async fn metrics(axum::extract::State(s): axum::extract::State<S>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
@@ -197,36 +208,52 @@ struct EmbeddingsRequest {
     model: Option<String>,
     encoding_format: Option<String>,
     dimensions: Option<i64>,
+    /// Inputs longer than the model's maximum: cut (true, the default, as
+    /// sentence-transformers does) or refused with a 400 (false).
+    truncate: Option<bool>,
 }
 
-/// The inputs of an embeddings request as rows of ids.
+/// The inputs of an embeddings request as rows of ids. An input longer than
+/// the model's maximum is cut to it when `truncate` (ids: the last one, the
+/// `[SEP]`, is kept, as the tokenizer cuts text), refused otherwise.
 fn embed_rows(
     e: &crate::EmbedState,
     input: &Value,
     max_items: usize,
+    truncate: bool,
 ) -> Result<Vec<Vec<i64>>, ApiError> {
     let bad = |m: String| Err(ApiError::bad_request(format!("input: {m}")));
+    let (vocab, max_len) = (e.tokenizer.vocab_size() as i64, e.tokenizer.max_seq_len());
+    let too_long = |what: String| {
+        ApiError::bad_request(format!(
+            "input: {what}; the model takes at most {max_len} tokens ([CLS] and [SEP] included) \
+             and the request has \"truncate\": false"
+        ))
+    };
     let text = |t: &str| -> Result<Vec<i64>, ApiError> {
         if t.is_empty() {
             return Err(ApiError::bad_request(
                 "input: an empty string; expected non-empty text",
             ));
         }
-        e.tokenizer
-            .encode(t)
-            .map_err(|err| ApiError::bad_request(format!("input: {err}")))
+        let (ids, cut) = e
+            .tokenizer
+            .encode_checked(t)
+            .map_err(|err| ApiError::bad_request(format!("input: {err}")))?;
+        if cut && !truncate {
+            let head: String = t.chars().take(32).collect();
+            return Err(too_long(format!("the text starting {head:?} is longer")));
+        }
+        Ok(ids)
     };
     // Checked here, not in the batch: a bad row must not fail the other
     // clients' inputs batched with it.
-    let (vocab, max_len) = (e.tokenizer.vocab_size() as i64, e.tokenizer.max_seq_len());
     let ids = |v: &[Value]| -> Result<Vec<i64>, ApiError> {
-        if v.len() > max_len {
-            return Err(ApiError::bad_request(format!(
-                "input: {} token ids; the model takes at most {max_len}",
-                v.len()
-            )));
+        if v.len() > max_len && !truncate {
+            return Err(too_long(format!("{} token ids", v.len())));
         }
-        v.iter()
+        let mut row: Vec<i64> = v
+            .iter()
             .map(|x| match x.as_i64() {
                 Some(id) if (0..vocab).contains(&id) => Ok(id),
                 _ => Err(ApiError::bad_request(format!(
@@ -234,7 +261,13 @@ fn embed_rows(
                     vocab - 1
                 ))),
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        if row.len() > max_len {
+            let last = row[row.len() - 1];
+            row.truncate(max_len - 1);
+            row.push(last);
+        }
+        Ok(row)
     };
     let rows = match input {
         Value::String(t) => vec![text(t)?],
@@ -294,7 +327,7 @@ async fn embeddings(
             )))
         }
     };
-    let rows = embed_rows(e, &req.input, s.cfg.max_items)?;
+    let rows = embed_rows(e, &req.input, s.cfg.max_items, req.truncate.unwrap_or(true))?;
     let tokens: usize = rows.iter().map(Vec::len).sum();
     let (tx, rx) = tokio::sync::oneshot::channel();
     e.handle
@@ -973,4 +1006,36 @@ async fn detokenize(
         .decode(&req.tokens)
         .map_err(|e| ApiError::bad_request(format!("tokens: {e}")))?;
     Ok(axum::Json(json!({"prompt": text})).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every route of the router is in /openapi.json and nothing else is.
+    #[test]
+    fn the_openapi_document_describes_every_route() {
+        let doc: serde_json::Value = serde_json::from_str(include_str!("openapi.json")).unwrap();
+        let mut documented: Vec<&str> = doc["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let src = include_str!("api.rs");
+        let mut routed: Vec<&str> = src
+            .split(".route(\"")
+            .skip(1)
+            .map(|s| &s[..s.find('"').unwrap()])
+            .collect();
+        documented.sort_unstable();
+        routed.sort_unstable();
+        assert_eq!(documented, routed);
+        for (path, ops) in doc["paths"].as_object().unwrap() {
+            for (method, op) in ops.as_object().unwrap() {
+                assert!(
+                    op["responses"]["200"].is_object(),
+                    "{method} {path} documents no 200"
+                );
+            }
+        }
+    }
 }

@@ -1,21 +1,30 @@
-//! Generation on the CPU: one worker thread owns the [`LlamaModel`] and
-//! serves up to `slots` sequences at once, each with its own KV cache and
-//! position ([`LlamaModel::swap_cache`] moves a sequence's cache into the
-//! model for its step). Each round the worker admits waiting requests into
-//! free slots, runs at most one prefill, then one decode step for every
-//! active sequence, so a new request joins at the next round and leaves at
-//! EOS, a stop string, `max_tokens`, its deadline, or when its client goes
-//! away (the slot is free at once).
+//! Generation on the CPU with continuous batching: one worker thread owns
+//! the [`LlamaModel`] and serves up to `slots` sequences at once, each with
+//! its own [`KvCache`] and position, kept outside the model.
 //!
-//! This is a slot scheduler that interleaves per-sequence decode steps, not
-//! a batched decode graph: the model runs one sequence per step, so the
-//! aggregate tokens/s is about one stream's, shared fairly.
+//! Each round the worker admits waiting requests into free slots, runs at
+//! most one prefill (the new sequence's cache is moved into the model for
+//! it with [`LlamaModel::swap_cache`] and back out after), then one
+//! batched decode step ([`LlamaModel::decode_batch`]) for every active
+//! sequence together: one graph execution over `N` rows (in groups of at
+//! most [`MAX_DECODE_BATCH`]), so each weight is streamed once per step for
+//! all of them rather than once per sequence. A new request joins the batch
+//! in the round of its prefill and leaves at EOS, a stop string,
+//! `max_tokens`, its deadline, or when its client goes away (the slot is
+//! free at once).
+//!
+//! Each sequence's logits are bit for bit those of its own single-sequence
+//! decode wherever the quantized matmuls run on panels (AVX2, AVX-512
+//! VNNI; see `decode_batch`), so greedy answers do not depend on what else
+//! is running. The batched graphs of 1 to `slots` sequences (at most
+//! [`MAX_DECODE_BATCH`]) are compiled when the worker starts, before the
+//! first request (tens to a few hundred ms each, once).
 
 pub use crate::batcher::QueueFull;
 use crate::metrics::Metrics;
 use crate::stop::{Step, StopText};
 use rlx::models::gguf_tokenizer::{GgufTokenizer, StreamDecoder};
-use rlx::models::llama::{KvCache, LlamaModel};
+use rlx::models::llama::{KvCache, LlamaError, LlamaModel, MAX_DECODE_BATCH};
 use rlx::models::sampling::{Sampler, SamplerConfig};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
@@ -137,10 +146,8 @@ struct Worker<'t> {
     model: LlamaModel,
     tok: &'t GgufTokenizer,
     slots: Vec<Option<Slot<'t>>>,
-    /// Each slot's cache while it is not in the model.
+    /// Each slot's cache (kept for the slot's next request once made).
     caches: Vec<Option<KvCache>>,
-    /// The slot whose cache is in the model.
-    resident: Option<usize>,
     m: Arc<Metrics>,
 }
 
@@ -181,12 +188,18 @@ impl<'t> Worker<'t> {
             tok,
             slots: (0..n).map(|_| None).collect(),
             caches: (0..n).map(|_| None).collect(),
-            resident: None,
             m,
         }
     }
 
     fn run(mut self, rx: Receiver<GenRequest>) {
+        // Compile the batched decode graphs of every batch size the slots
+        // can make before the first request (not in the middle of serving).
+        // A failure here shows again, as a request error, at the first
+        // `decode_batch` of that size.
+        let _ = self
+            .model
+            .prepare_decode_batch(self.slots.len().min(MAX_DECODE_BATCH));
         let mut open = true;
         loop {
             // Admit waiting requests into free slots (block when idle).
@@ -219,19 +232,16 @@ impl<'t> Worker<'t> {
                 Ordering::Relaxed,
             );
             let t = Instant::now();
-            // One prefill per round, then one decode step per sequence.
+            // One prefill per round, then one batched decode step for every
+            // prefilled sequence (the new one included).
             if let Some(i) = self
                 .slots
                 .iter()
                 .position(|s| matches!(s, Some(s) if s.next.is_none()))
             {
-                self.step(i);
+                self.prefill(i);
             }
-            for i in 0..self.slots.len() {
-                if matches!(&self.slots[i], Some(s) if s.next.is_some()) {
-                    self.step(i);
-                }
-            }
+            self.decode_round();
             self.m
                 .gen_busy_us
                 .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -268,61 +278,133 @@ impl<'t> Worker<'t> {
         });
     }
 
-    /// Move slot `i`'s cache into the model.
-    fn activate(&mut self, i: usize) -> Result<(), String> {
-        if self.resident == Some(i) {
-            return Ok(());
-        }
-        let c = self.caches[i]
-            .take()
-            .unwrap_or_else(|| self.model.new_cache());
-        let old = self.model.swap_cache(c).map_err(|e| e.to_string())?;
-        if let Some(j) = self.resident {
-            self.caches[j] = Some(old);
-        }
-        self.resident = Some(i);
-        Ok(())
-    }
-
-    /// Prefill or decode slot `i` once, sample, and tell its client.
-    fn step(&mut self, i: usize) {
+    /// Whether slot `i` still has a client within its deadline; frees the
+    /// slot (telling the client on a timeout) when not.
+    fn still_wanted(&mut self, i: usize) -> bool {
         let Some(slot) = self.slots[i].as_ref() else {
-            return;
+            return false;
         };
         if slot.req.events.is_closed() {
             self.m.disconnects.fetch_add(1, Ordering::Relaxed);
             self.slots[i] = None;
-            return;
+            return false;
         }
         if Instant::now() > slot.req.deadline {
             self.fail(i, true, "the request ran past the server's timeout".into());
+            return false;
+        }
+        true
+    }
+
+    /// Prefill slot `i`'s prompt into its cache, sample, and tell its client.
+    fn prefill(&mut self, i: usize) {
+        if !self.still_wanted(i) {
             return;
         }
-        let next = slot.next;
-        let prompt = (next.is_none()).then(|| slot.req.prompt.clone());
-        if let Err(e) = self.activate(i) {
-            self.fail(i, false, e);
+        let Some(prompt) = self.slots[i].as_ref().map(|s| s.req.prompt.clone()) else {
             return;
-        }
-        let logits = match (prompt, next) {
-            (Some(p), _) => self.model.prefill(&p),
-            (None, Some(id)) => self.model.decode(id),
-            (None, None) => return,
         };
-        let logits = match logits {
-            Ok(l) => l,
-            Err(e) => {
-                self.fail(i, false, e.to_string());
-                return;
+        let cache = self.caches[i]
+            .take()
+            .unwrap_or_else(|| self.model.new_cache());
+        let run = |model: &mut LlamaModel| -> Result<(Vec<f32>, KvCache), LlamaError> {
+            let parked = model.swap_cache(cache)?;
+            let logits = model.prefill(&prompt);
+            // Park the model's own cache again, whatever the prefill did.
+            let cache = model.swap_cache(parked)?;
+            Ok((logits?, cache))
+        };
+        match run(&mut self.model) {
+            Ok((logits, cache)) => {
+                let pos = cache.position();
+                self.caches[i] = Some(cache);
+                self.emit(i, &logits, pos);
             }
+            Err(e) => self.fail(i, false, e.to_string()),
+        }
+    }
+
+    /// One batched decode step for every prefilled slot, then sample and
+    /// tell each client.
+    fn decode_round(&mut self) {
+        let ready: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| matches!(&self.slots[i], Some(s) if s.next.is_some()))
+            .collect();
+        let ready: Vec<usize> = ready
+            .into_iter()
+            .filter(|&i| self.still_wanted(i))
+            .collect();
+        for group in ready.chunks(MAX_DECODE_BATCH) {
+            self.decode_group(group);
+        }
+    }
+
+    /// One `decode_batch` over `group` (prefilled slots with a token to feed).
+    fn decode_group(&mut self, group: &[usize]) {
+        let mut caches = Vec::with_capacity(group.len());
+        let mut fed = Vec::with_capacity(group.len());
+        for &i in group {
+            let next = self.slots[i].as_ref().and_then(|s| s.next);
+            match (self.caches[i].take(), next) {
+                (Some(c), Some(id)) => {
+                    caches.push(c);
+                    fed.push((i, id));
+                }
+                (c, _) => {
+                    self.caches[i] = c;
+                    self.fail(
+                        i,
+                        false,
+                        "internal: a decoding slot lost its KV cache".into(),
+                    );
+                }
+            }
+        }
+        if fed.is_empty() {
+            return;
+        }
+        let out = {
+            let mut steps: Vec<(&mut KvCache, u32)> = caches
+                .iter_mut()
+                .zip(&fed)
+                .map(|(c, &(_, id))| (c, id))
+                .collect();
+            self.model.decode_batch(&mut steps)
         };
+        let positions: Vec<usize> = caches.iter().map(KvCache::position).collect();
+        for (c, &(i, _)) in caches.into_iter().zip(&fed) {
+            self.caches[i] = Some(c);
+        }
+        match out {
+            Ok(rows) => {
+                self.m.decode_batch(fed.len());
+                for ((&(i, _), logits), pos) in fed.iter().zip(&rows).zip(positions) {
+                    self.emit(i, logits, pos);
+                }
+            }
+            // One bad sequence: it fails, the others step next round.
+            Err(LlamaError::BatchSequence { index, source }) => {
+                if let Some(&(i, _)) = fed.get(index) {
+                    self.fail(i, false, source.to_string());
+                }
+            }
+            Err(e) => {
+                for &(i, _) in &fed {
+                    self.fail(i, false, e.to_string());
+                }
+            }
+        }
+    }
+
+    /// Sample slot `i`'s next token from `logits` (its cache now holds
+    /// `pos` tokens), tell its client, and finish the slot when done.
+    fn emit(&mut self, i: usize, logits: &[f32], pos: usize) {
         let ctx = self.model.ctx_len();
-        let pos = self.model.position();
         let tok = self.tok;
         let Some(slot) = self.slots[i].as_mut() else {
             return;
         };
-        let id = match slot.sampler.sample(&logits, &slot.history) {
+        let id = match slot.sampler.sample(logits, &slot.history) {
             Ok(id) => id,
             Err(e) => {
                 self.fail(i, false, e.to_string());
@@ -331,7 +413,7 @@ impl<'t> Worker<'t> {
         };
         slot.generated += 1;
         self.m.tokens_out.fetch_add(1, Ordering::Relaxed);
-        let lp = slot.req.logprobs.map(|k| logprobs(&logits, id, k));
+        let lp = slot.req.logprobs.map(|k| logprobs(logits, id, k));
         let mut finish = None;
         let mut text = String::new();
         if tok.is_end_of_generation(id) {

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 const LATENCY_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
-/// Batch-size buckets (inputs per embedding batch).
+/// Batch-size buckets (inputs per embedding batch, sequences per decode step).
 const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
 /// A cumulative histogram.
@@ -59,6 +59,7 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     latency: Mutex<BTreeMap<String, Histogram>>,
     batch_sizes: Mutex<Histogram>,
+    decode_batches: Mutex<Histogram>,
     /// Embedding requests waiting for the batcher.
     pub embed_queue: AtomicI64,
     /// Generation requests waiting for a slot.
@@ -97,6 +98,13 @@ impl Metrics {
         }
     }
 
+    /// Record one batched decode step over `n` sequences.
+    pub fn decode_batch(&self, n: usize) {
+        if let Ok(mut b) = self.decode_batches.lock() {
+            b.observe(&BATCH_BUCKETS, n as f64);
+        }
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut o = String::new();
@@ -126,6 +134,13 @@ impl Metrics {
         o.push_str("# TYPE rlx_embed_batch_size histogram\n");
         if let Ok(b) = self.batch_sizes.lock() {
             b.render(&mut o, "rlx_embed_batch_size", "", &BATCH_BUCKETS);
+        }
+        o.push_str(
+            "# HELP rlx_decode_batch_size Sequences per batched decode step of generation.\n",
+        );
+        o.push_str("# TYPE rlx_decode_batch_size histogram\n");
+        if let Ok(b) = self.decode_batches.lock() {
+            b.render(&mut o, "rlx_decode_batch_size", "", &BATCH_BUCKETS);
         }
         let gauges = [
             (

@@ -294,6 +294,55 @@ fn embeddings_float_base64_and_dimensions_match_the_library() {
     .json();
     let r = post(a, "/v1/embeddings", &json!({"input": ids["tokens"]}));
     assert_eq!(floats(&r.json()["data"][0]["embedding"]), want[0]);
+    // Longer than the model's maximum: cut as sentence-transformers cuts
+    // (the default), for text and for ids alike, or refused with
+    // "truncate": false.
+    let long = "word ".repeat(700);
+    let cut = post(
+        a,
+        "/tokenize",
+        &json!({"model": "all-minilm-l6-v2", "prompt": long}),
+    )
+    .json();
+    let cut: Vec<i64> = cut["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .collect();
+    let max = cut.len();
+    assert!(max >= 128, "the tokenizer cut at {max}");
+    let want_long = library_embed(&[&long])[0].clone();
+    let r = post(a, "/v1/embeddings", &json!({"input": long}));
+    assert_eq!(floats(&r.json()["data"][0]["embedding"]), want_long);
+    let mut long_ids = vec![cut[0]];
+    long_ids.extend(std::iter::repeat_n(cut[1], 700));
+    long_ids.push(cut[max - 1]);
+    let r = post(
+        a,
+        "/v1/embeddings",
+        &json!({"input": long_ids, "truncate": true}),
+    );
+    assert_eq!(floats(&r.json()["data"][0]["embedding"]), want_long);
+    for input in [json!(long), json!([long_ids])] {
+        let r = post(
+            a,
+            "/v1/embeddings",
+            &json!({"input": input, "truncate": false}),
+        );
+        assert_eq!(r.status, 400, "{}", r.body);
+        let m = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(
+            m.contains(&format!("at most {max} tokens")) && m.contains("truncate"),
+            "{m}"
+        );
+    }
+    let r = post(
+        a,
+        "/v1/embeddings",
+        &json!({"input": texts, "truncate": false}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
 }
 
 #[test]
@@ -455,7 +504,7 @@ fn bad_requests_get_4xx_and_the_server_stays_up() {
         ("/v1/embeddings", br#"{"input": [101, -1]}"#.to_vec(), 400),
         (
             "/v1/embeddings",
-            format!("{{\"input\": {:?}}}", vec![101; 600]).into_bytes(),
+            format!("{{\"input\": {:?}, \"truncate\": false}}", vec![101; 600]).into_bytes(),
             400,
         ),
         (
@@ -623,6 +672,22 @@ fn thirty_two_concurrent_mixed_clients_get_their_single_client_answers() {
         .parse()
         .unwrap();
     assert!(batches >= 1.0);
+    // The chats decoded together: some batched decode steps ran more than
+    // one sequence (16 chats over 4 slots).
+    let metric = |name: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let steps = metric("rlx_decode_batch_size_count ");
+    let single = metric("rlx_decode_batch_size_bucket{le=\"1\"} ");
+    assert!(
+        steps > single,
+        "every decode step ran one sequence ({steps} steps): no batching"
+    );
 }
 
 /// A gauge from /metrics (`name` with its labels and a trailing space).

@@ -392,10 +392,8 @@ simd_dispatch! {
         let hk = h / (p.num_heads / p.num_kv_heads);
         let qo = (b * sq + i0) * p.q_row_stride + h * d;
         let qh = &q[qo..qo + d];
-        for (j, s) in scores.iter_mut().enumerate() {
-            let ko = (b * sk + klo + j) * p.k_row_stride + hk * d;
-            *s = M::dot(qh, &k[ko..ko + d]);
-        }
+        let k0 = (b * sk + klo) * p.k_row_stride + hk * d;
+        M::dot_rows(qh, &k[k0..], p.k_row_stride, scores);
         let nk = scores.len();
         probs_rows(p, mask, scores, nk, b, h, i0, klo);
         out.fill(0.0);

@@ -60,6 +60,13 @@ macro_rules! with_act {
                 let $f = |x: f32| x * softplus(x).tanh();
                 $e
             }
+            // No kernel of its own: the activation table's formula, in f32
+            // (every activation without one has an arm above).
+            a => {
+                let formula = a.formula().unwrap_or(rlx_ir::Formula::C(f64::NAN));
+                let $f = move |x: f32| formula.eval_f32(x);
+                $e
+            }
         }
     };
 }

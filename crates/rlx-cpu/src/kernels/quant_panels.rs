@@ -147,6 +147,15 @@ impl PanelPath {
     }
 }
 
+/// The most `F32` activation rows the AVX2 path runs on panels (see
+/// [`QuantPanels::serves`]). Measured on a shared 2-vCPU AMD EPYC (AVX2),
+/// Q4_1 `[3072, 576]`, 2 threads, ms per matmul, panels against the
+/// GGUF-layout kernel: 8 rows 0.57 / 1.62, 16 rows 1.18 / 3.41, 32 rows
+/// 3.24 / 4.53, 64 rows 7.9 / 8.0. The batched decode steps of
+/// `LlamaModel::decode_batch` (up to 16 rows) so stay on panels, whose
+/// rows are bit for bit the one-row product.
+pub const F32_PANEL_MAX_ROWS: usize = 32;
+
 /// Whether `DequantMatMul`s over `scheme` weights should run on panels
 /// here: the scheme has a panel layout and either the CPU runs a vector
 /// panel kernel (VNNI or AVX2) under the active ISA, or
@@ -297,13 +306,13 @@ impl QuantPanels {
 
     /// Whether [`QuantPanels::matmul`] is the faster kernel for `m`
     /// activation rows here. Not for `F32` activations past
-    /// `GEMV_MAX_ROWS` (8) rows on the AVX2 path: there the GGUF-layout
-    /// kernel (dequantize a tile, then the f32 GEMM) wins (SmolLM2 prefill
-    /// of 128 tokens, 2-thread Zen 3: 382 tok/s against 335 on panels;
-    /// int8 prefill and every decode are faster on panels).
+    /// [`F32_PANEL_MAX_ROWS`] (32) rows on the AVX2 path: there the
+    /// GGUF-layout kernel (dequantize a tile, then the f32 GEMM) wins
+    /// (SmolLM2 prefill of 128 tokens, 2-thread Zen 3: 382 tok/s against
+    /// 335 on panels; int8 prefill and every decode are faster on panels).
     pub fn serves(&self, activations: ActivationPrecision, m: usize) -> bool {
         !(activations == ActivationPrecision::F32
-            && m > super::quant::GEMV_MAX_ROWS
+            && m > F32_PANEL_MAX_ROWS
             && PanelPath::active() == PanelPath::Avx2)
     }
 

@@ -81,6 +81,12 @@ pub trait Fma {
     fn weighted_rows(w: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
         weighted_rows(w, rows, stride, out)
     }
+
+    /// [`dot_rows`] (each the same bits as [`dot`]).
+    #[inline(always)]
+    fn dot_rows(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        dot_rows(q, rows, stride, out)
+    }
 }
 
 /// Hardware fused multiply-add; only for code compiled with the `fma`
@@ -132,6 +138,18 @@ impl Fma for HwFma {
             return unsafe { avx::dot(a, b) };
         }
         dot(a, b)
+    }
+
+    // One `dot` at a time is a chain of dependent adds per key; four keys
+    // at a time keep four chains in flight and reduce them together.
+    #[inline(always)]
+    fn dot_rows(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx") {
+            // SAFETY: the CPU has AVX (checked just above).
+            return unsafe { avx::dot_rows(q, rows, stride, out) };
+        }
+        dot_rows(q, rows, stride, out)
     }
 
     // The portable loop adds into `out` in memory once per row; this keeps
@@ -222,6 +240,72 @@ mod avx {
             s += x * y;
         }
         s
+    }
+
+    /// [`super::dot_rows`]: four rows at a time, each accumulated as
+    /// [`dot`] does (lane `i` sums the products of elements `i, i + 8,
+    /// ...`, multiply then add), the four reduced together by two rounds of
+    /// `hadd` (`(l0 + l1) + (l2 + l3)` of the halves' sums, as [`dot`]),
+    /// then the tail in order: the same bits as one [`dot`] per row.
+    ///
+    /// # Safety
+    /// The CPU supports AVX.
+    #[target_feature(enable = "avx")]
+    #[inline]
+    pub unsafe fn dot_rows(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        let (d, n) = (q.len(), out.len());
+        if n == 0 {
+            return;
+        }
+        // Every row read below lies inside `rows` (the portable loop would
+        // panic on the same input).
+        assert!(
+            (n - 1) * stride + d <= rows.len(),
+            "dot_rows: rows too short"
+        );
+        let d8 = d / 8 * 8;
+        let (qp, rp) = (q.as_ptr(), rows.as_ptr());
+        let mut j = 0;
+        while j + 4 <= n {
+            let r = [0, 1, 2, 3].map(|i| rp.add((j + i) * stride));
+            // Rows eight ahead: a decode step's KV cache comes from L3 or
+            // memory in strided rows that the hardware prefetchers run
+            // behind on (a hint; addresses past the end are never read).
+            for i in 0..4 {
+                let ahead = rp.wrapping_add((j + 8 + i) * stride);
+                for e in (0..d).step_by(16) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(e) as *const i8);
+                }
+            }
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut e = 0;
+            while e < d8 {
+                let x = _mm256_loadu_ps(qp.add(e));
+                for (a, row) in acc.iter_mut().zip(&r) {
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(x, _mm256_loadu_ps(row.add(e))));
+                }
+                e += 8;
+            }
+            let h = acc.map(|a| _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
+            let s = _mm_hadd_ps(_mm_hadd_ps(h[0], h[1]), _mm_hadd_ps(h[2], h[3]));
+            if d8 == d {
+                _mm_storeu_ps(out.as_mut_ptr().add(j), s);
+            } else {
+                let mut l = [0f32; 4];
+                _mm_storeu_ps(l.as_mut_ptr(), s);
+                for ((o, row), &li) in out[j..j + 4].iter_mut().zip(&r).zip(&l) {
+                    let mut t = li;
+                    for e in d8..d {
+                        t += *qp.add(e) * *row.add(e);
+                    }
+                    *o = t;
+                }
+            }
+            j += 4;
+        }
+        for (jj, o) in out.iter_mut().enumerate().skip(j) {
+            *o = dot(q, &rows[jj * stride..jj * stride + d]);
+        }
     }
 
     /// [`super::weighted_rows`] with each 64-column strip of `out` (then a
@@ -603,6 +687,19 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// `out[j] = dot(q, rows[j * stride..j * stride + q.len()])` for every
+/// `j < out.len()`.
+///
+/// # Panics
+/// If `rows` is shorter than the last row needs.
+#[inline(always)]
+pub fn dot_rows(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    let d = q.len();
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot(q, &rows[j * stride..j * stride + d]);
+    }
+}
+
 /// Sum of squared deviations from `mean`, 8 accumulators.
 #[inline(always)]
 pub fn sum_sq_dev(x: &[f32], mean: f32) -> f32 {
@@ -791,6 +888,15 @@ mod tests {
                 weighted_rows(&w, &rows, 131, &mut b);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&b), "weighted_rows n={n} d={d}");
+                // n rows of d (the query is the first d of `a`'s source).
+                let q: Vec<f32> = (0..d).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.21).collect();
+                let mut a = vec![f32::NAN; n];
+                let mut b = vec![0.0; n];
+                HwFma::dot_rows(&q, &rows, 131, &mut a);
+                for (j, o) in b.iter_mut().enumerate() {
+                    *o = dot(&q, &rows[j * 131..j * 131 + d]);
+                }
+                assert_eq!(bits(&a), bits(&b), "dot_rows n={n} d={d}");
             }
             let want = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
             assert_eq!(HwFma::max_num(&x), want, "max of {n}");

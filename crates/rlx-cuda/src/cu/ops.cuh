@@ -16,7 +16,8 @@
 #define RLX_ACT_ABS 10
 #define RLX_ACT_SOFTPLUS 11
 #define RLX_ACT_MISH 12
-#define RLX_ACT_IDENTITY 13
+#define RLX_ACT_SOFTSIGN 13
+#define RLX_ACT_IDENTITY 14
 #define RLX_BIN_ADD 0
 #define RLX_BIN_SUB 1
 #define RLX_BIN_MUL 2
@@ -40,6 +41,7 @@ __device__ __forceinline__ float act_apply(int kind, float x) {
     case 10: return fabsf(x); // Abs
     case 11: { float m = x > 0.0f ? x : 0.0f; return m + log1pf(expf(-fabsf(x))); } // Softplus
     case 12: { float m = x > 0.0f ? x : 0.0f; return x * tanhf(m + log1pf(expf(-fabsf(x)))); } // Mish
+    case 13: return (x / (1.0f + fabsf(x))); // Softsign
     default: return x; // identity
     }
 }

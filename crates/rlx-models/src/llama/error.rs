@@ -102,4 +102,29 @@ pub enum LlamaError {
         /// Vocabulary size.
         vocab: usize,
     },
+    /// A batched decode step was given no sequences, or more than the
+    /// model runs in one step.
+    #[error("batched decode of {batch} sequences: expected 1..={max}")]
+    BatchSize {
+        /// Sequences given.
+        batch: usize,
+        /// The most one step takes.
+        max: usize,
+    },
+    /// A KV cache does not belong to this model: made by another model, or
+    /// of another shape (layers, context length, kv width).
+    #[error("KV cache: {detail}")]
+    ForeignCache {
+        /// What differs, with the values found and expected.
+        detail: String,
+    },
+    /// One sequence of a batched decode step is invalid (nothing ran).
+    #[error("batched decode, sequence {index}: {source}")]
+    BatchSequence {
+        /// Its index in the batch.
+        index: usize,
+        /// What is wrong with it (`TokenOutOfRange`, `ContextOverflow`,
+        /// `NoPrefill` or `ForeignCache`).
+        source: Box<LlamaError>,
+    },
 }

@@ -1,6 +1,6 @@
 //! [`LlamaModel`]: a loaded decoder with a KV cache, and the generation loop.
 
-use super::graph::{build_graph, cache_names, extend_bias, Phase};
+use super::graph::{batch_cache_names, build_graph, cache_names, extend_bias, Phase};
 use super::{LlamaConfig, LlamaError, LlamaWeights};
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_formats::GgufFile;
@@ -9,6 +9,14 @@ use rlx_ir::{Graph, Op};
 use rlx_ir::{Tensor, TensorData};
 use rlx_runtime::{Executable, TensorRef};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The most sequences one [`LlamaModel::decode_batch`] step takes (and the
+/// largest batched decode graph [`build_graph`] builds).
+pub const MAX_DECODE_BATCH: usize = 16;
+
+/// Distinct ids of the models of this process (for [`KvCache`] ownership).
+static NEXT_MODEL_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Where a [`LlamaModel`] runs.
 #[derive(Debug, Clone)]
@@ -33,6 +41,9 @@ enum Engine {
         /// Whether the caches currently live in the decode model (else in
         /// the prefill model).
         caches_in_decode: bool,
+        /// The batched decode model of `N` sequences at index `N`, compiled
+        /// on first use (sharing the decode model's weights) and kept.
+        batch: Vec<Option<CpuModel>>,
     },
     /// Caches never move: the prefill model uses the decode model's device
     /// buffers for every param (`CudaModel::share_params`).
@@ -85,6 +96,8 @@ pub struct LlamaModel {
     engine: Engine,
     /// Tokens currently in the cache.
     pos: usize,
+    /// This model's id, stamped on the caches it hands out.
+    id: u64,
 }
 
 impl std::fmt::Debug for LlamaModel {
@@ -167,6 +180,7 @@ impl LlamaModel {
                     decode,
                     prefill: None,
                     caches_in_decode: true,
+                    batch: Vec::new(),
                 }
             }
             #[cfg(feature = "cuda")]
@@ -187,6 +201,7 @@ impl LlamaModel {
             ctx_len,
             engine,
             pos: 0,
+            id: NEXT_MODEL_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -446,7 +461,11 @@ impl LlamaModel {
                 (name, t)
             })
             .collect();
-        KvCache { tensors, pos: 0 }
+        KvCache {
+            tensors,
+            pos: 0,
+            model: self.id,
+        }
     }
 
     /// Put `cache` (its tensors and position) into the model and return the
@@ -493,7 +512,11 @@ impl LlamaModel {
             old.push((name, prev));
         }
         let pos = std::mem::replace(&mut self.pos, cache.pos);
-        Ok(KvCache { tensors: old, pos })
+        Ok(KvCache {
+            tensors: old,
+            pos,
+            model: self.id,
+        })
     }
 
     /// Feed one token at the next position and return the logits for the
@@ -543,6 +566,230 @@ impl LlamaModel {
         };
         self.pos = p + 1;
         Ok((self.logits(out)?, prof))
+    }
+
+    /// Feed one token to each of several sequences in one step and return
+    /// each one's logits for the token after it (`vocab` floats per
+    /// sequence, in the order given).
+    ///
+    /// `steps[b]` is sequence `b`'s KV cache (made by
+    /// [`new_cache`](Self::new_cache) and filled by a
+    /// [`prefill`](Self::prefill) through [`swap_cache`](Self::swap_cache))
+    /// and the token to feed at its position. One graph runs for all of
+    /// them: the projections, FFN and head multiply the `[N, d]` activations
+    /// (each weight is read once per step, not once per sequence), rope uses
+    /// each sequence's own position, and attention runs per sequence over
+    /// its own cache. The caches stay in their own buffers: they are bound
+    /// to the step's graph by moving the tensors in and back out, with no
+    /// copy, and each advances by one position. The model's own cache and
+    /// [`position`](Self::position) are not touched.
+    ///
+    /// Each row is computed as the one-row [`decode`](Self::decode) of
+    /// that sequence computes it: the norms, rope and elementwise ops work
+    /// row by row, cache writes and attention run per sequence at the
+    /// one-row shapes, and the quantized matmuls, on panels (AVX2 or
+    /// AVX-512 VNNI), give each row bit for bit its one-row product at any
+    /// row count up to 32; so the logits are bit-identical to the solo
+    /// decode there (`tests/llama_batch.rs`). Without panels (a portable
+    /// build) the many-row GGUF-layout kernel rounds differently (about
+    /// 1e-4).
+    ///
+    /// One graph per `N` is built and compiled on first use (sharing this
+    /// model's weights and packed copies) and kept;
+    /// [`prepare_decode_batch`](Self::prepare_decode_batch) compiles them
+    /// ahead of time.
+    ///
+    /// Errors, before anything runs or any cache changes:
+    /// [`LlamaError::BatchSize`] for no sequences or more than
+    /// [`MAX_DECODE_BATCH`]; [`LlamaError::BatchSequence`] naming the
+    /// sequence and wrapping `ForeignCache` (a cache made by another model,
+    /// or of another shape), `NoPrefill` (an empty cache),
+    /// `ContextOverflow` (a full cache) or `TokenOutOfRange`. On CUDA this
+    /// is not implemented yet (a `Runtime` error).
+    pub fn decode_batch(
+        &mut self,
+        steps: &mut [(&mut KvCache, u32)],
+    ) -> Result<Vec<Vec<f32>>, LlamaError> {
+        let n = steps.len();
+        if n == 0 || n > MAX_DECODE_BATCH {
+            return Err(LlamaError::BatchSize {
+                batch: n,
+                max: MAX_DECODE_BATCH,
+            });
+        }
+        for (index, (cache, id)) in steps.iter().enumerate() {
+            self.check_step(cache, *id)
+                .map_err(|e| LlamaError::BatchSequence {
+                    index,
+                    source: Box::new(e),
+                })?;
+        }
+        self.prepare_decode_batch(n)?;
+        let ctx = self.ctx_len;
+        let ids: Vec<i64> = steps.iter().map(|(_, id)| i64::from(*id)).collect();
+        let pos: Vec<i64> = steps.iter().map(|(c, _)| c.pos as i64).collect();
+        let mut mask = vec![0.0f32; n * ctx];
+        for (row, (c, _)) in mask.chunks_exact_mut(ctx).zip(steps.iter()) {
+            row[..=c.pos].fill(1.0);
+        }
+        let batch = match &mut self.engine {
+            Engine::Cpu { batch, .. } => batch,
+            #[cfg(feature = "cuda")]
+            Engine::Cuda { .. } => return Err(batch_on_cuda()),
+        };
+        let model = batch
+            .get_mut(n)
+            .and_then(Option::as_mut)
+            .ok_or(LlamaError::BatchSize {
+                batch: n,
+                max: MAX_DECODE_BATCH,
+            })?;
+        // Move each cache's tensors into its sequence's params...
+        let mut bound = Ok(());
+        'bind: for (b, (cache, _)) in steps.iter_mut().enumerate() {
+            for (j, (_, t)) in cache.tensors.iter_mut().enumerate() {
+                let (k, v) = batch_cache_names(j / 2, b);
+                let name = if j % 2 == 0 { k } else { v };
+                let t = std::mem::replace(t, Tensor::f32(&[0], Vec::new()));
+                if let Err(e) = model.set_param_tensor(&name, t) {
+                    bound = Err(e);
+                    break 'bind;
+                }
+            }
+        }
+        let out = match bound {
+            Ok(()) => model.run(&[
+                ("ids", TensorRef::I64(&ids)),
+                ("pos", TensorRef::I64(&pos)),
+                ("kv_mask", TensorRef::F32(&mask)),
+            ]),
+            Err(e) => Err(e),
+        };
+        // ...and back, whether the run worked or not.
+        let mut lost = None;
+        for (b, (cache, _)) in steps.iter_mut().enumerate() {
+            for (j, (_, t)) in cache.tensors.iter_mut().enumerate() {
+                let (k, v) = batch_cache_names(j / 2, b);
+                let name = if j % 2 == 0 { k } else { v };
+                match model.take_param(&name) {
+                    Some(back) => *t = back,
+                    None => lost = lost.or(Some(name)),
+                }
+            }
+        }
+        let out = out?;
+        if let Some(name) = lost {
+            return Err(LlamaError::MissingTensor {
+                name,
+                expected: "a KV cache bound for the batched decode step".into(),
+            });
+        }
+        let logits = self.batch_logits(out, n)?;
+        for (c, _) in steps.iter_mut() {
+            c.pos += 1;
+        }
+        Ok(logits)
+    }
+
+    /// Compile the batched decode graphs of 1 to `max_batch` sequences that
+    /// are not compiled yet (each is otherwise compiled on the first
+    /// [`decode_batch`](Self::decode_batch) of its size). Errors with
+    /// [`LlamaError::BatchSize`] when `max_batch` exceeds
+    /// [`MAX_DECODE_BATCH`].
+    pub fn prepare_decode_batch(&mut self, max_batch: usize) -> Result<(), LlamaError> {
+        if max_batch > MAX_DECODE_BATCH {
+            return Err(LlamaError::BatchSize {
+                batch: max_batch,
+                max: MAX_DECODE_BATCH,
+            });
+        }
+        let missing = |e: &Engine, n: usize| match e {
+            Engine::Cpu { batch, .. } => batch.get(n).is_none_or(Option::is_none),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda { .. } => true,
+        };
+        for n in 1..=max_batch {
+            if !missing(&self.engine, n) {
+                continue;
+            }
+            // The decode model holds every param again, so all of its
+            // values (packed weights included) are shared.
+            self.move_caches(true)?;
+            let g = build_graph(&self.weights, Phase::DecodeBatch { batch: n }, self.ctx_len)?;
+            let (decode, batch) = match &mut self.engine {
+                Engine::Cpu { decode, batch, .. } => (decode, batch),
+                #[cfg(feature = "cuda")]
+                Engine::Cuda { .. } => return Err(batch_on_cuda()),
+            };
+            let m = decode.compile_sharing(g)?;
+            if batch.len() <= n {
+                batch.resize_with(n + 1, || None);
+            }
+            batch[n] = Some(m);
+        }
+        Ok(())
+    }
+
+    /// Why `cache` cannot take `id` in a batched step (or `Ok`).
+    fn check_step(&self, cache: &KvCache, id: u32) -> Result<(), LlamaError> {
+        let kv = self.config.kv_dim();
+        let want = self.config.n_layers * 2;
+        if cache.model != self.id {
+            return Err(LlamaError::ForeignCache {
+                detail: format!(
+                    "made by another model (#{}), not by this one (#{}): use this model's new_cache/swap_cache",
+                    cache.model, self.id
+                ),
+            });
+        }
+        if cache.tensors.len() != want {
+            return Err(LlamaError::ForeignCache {
+                detail: format!(
+                    "{} tensors, expected {want} (k and v of {} layers)",
+                    cache.tensors.len(),
+                    self.config.n_layers
+                ),
+            });
+        }
+        for (i, (name, t)) in cache.tensors.iter().enumerate() {
+            let ok = t.shape.dims[..] == [1, self.ctx_len, kv]
+                && matches!(&*t.data, TensorData::F32(d) if d.len() == self.ctx_len * kv);
+            if !ok {
+                return Err(LlamaError::ForeignCache {
+                    detail: format!(
+                        "tensor {i} '{name}' is {}, expected f32 [1, {}, {kv}]",
+                        t.shape, self.ctx_len
+                    ),
+                });
+            }
+        }
+        let p = cache.pos;
+        if p == 0 {
+            return Err(LlamaError::NoPrefill);
+        }
+        if p >= self.ctx_len {
+            return Err(LlamaError::ContextOverflow {
+                needed: p + 1,
+                ctx_len: self.ctx_len,
+            });
+        }
+        self.check_ids(&[id], p)
+    }
+
+    /// The `[N, 1, vocab]` output of a batched step, one row per sequence.
+    fn batch_logits(&self, out: Vec<Tensor>, n: usize) -> Result<Vec<Vec<f32>>, LlamaError> {
+        let vocab = self.config.vocab;
+        let bad = |found: String| LlamaError::BadOutput { found, vocab };
+        let t = out
+            .into_iter()
+            .next()
+            .ok_or_else(|| bad("nothing".into()))?;
+        match &*t.data {
+            TensorData::F32(v) if v.len() == n * vocab => {
+                Ok(v.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+            }
+            _ => Err(bad(format!("{} for {n} sequences", t.shape))),
+        }
     }
 
     /// The logits from the graph's single output, moved out when the
@@ -638,6 +885,8 @@ impl LlamaModel {
 pub struct KvCache {
     tensors: Vec<(String, Tensor)>,
     pos: usize,
+    /// Id of the model that made it (or last held it).
+    model: u64,
 }
 
 impl KvCache {
@@ -645,6 +894,14 @@ impl KvCache {
     pub fn position(&self) -> usize {
         self.pos
     }
+}
+
+/// The error of a batched decode step on CUDA.
+#[cfg(feature = "cuda")]
+fn batch_on_cuda() -> LlamaError {
+    LlamaError::Runtime(rlx_runtime::RuntimeError::Unsupported(
+        "decode_batch on CUDA (the batched decode graph runs on the CPU only)".into(),
+    ))
 }
 
 /// Bind every weight (shared, not copied) into a compiled model.

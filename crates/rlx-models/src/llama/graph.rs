@@ -27,9 +27,23 @@
 //!   are written at `p`, and attention reads the updated caches with the
 //!   `Bias` mask, causal within the chunk.
 //!
+//! - batched decode (one token for each of `N` sequences, each at its own
+//!   position `p_b` over its own cache): `ids` i64 `[N, 1]`, `pos` i64
+//!   `[N, 1]`, `kv_mask` f32 `[N, ctx]` (row `b`: 1 for positions `<= p_b`).
+//!   The embedding, norms, projections, FFN and head run on the `[N, 1, d]`
+//!   activations (each weight read once per step for all `N` rows), rope
+//!   rotates row `b` by `p_b`, and per sequence `b` the graph takes row `b`
+//!   of q/k/v and of the mask (`Narrow` on axis 0: views, no copies),
+//!   writes k/v into that sequence's own caches at `p_b`, and runs the same
+//!   one-query `Attention` as the decode graph; the `N` attention outputs
+//!   are concatenated back into `[N, 1, d]` for the output projection.
+//!
 //! The caches are params `cache.k.{l}` / `cache.v.{l}`, f32 `[1, ctx, kv_dim]`
-//! (k after rope), updated in place by `CacheWrite`. The single output is the
-//! logits f32 `[1, 1, vocab]` of the last position.
+//! (k after rope), updated in place by `CacheWrite`; in the batched decode
+//! graph sequence `b` has its own pair [`batch_cache_names`]`(l, b)`, so each
+//! sequence's cache stays in its own buffers. The single output is the
+//! logits f32 `[1, 1, vocab]` of the last position (`[N, 1, vocab]`, one row
+//! per sequence, for the batched decode).
 
 use super::weights::{bias_name, gate_up_name, qkv_name, EMBED_TABLE};
 use super::{Linear, LlamaError, LlamaWeights};
@@ -52,6 +66,12 @@ pub enum Phase {
         /// Chunk length S (1 ..= ctx).
         seq_len: usize,
     },
+    /// One token for each of `batch` sequences, each at its own runtime
+    /// position over its own caches ([`batch_cache_names`]).
+    DecodeBatch {
+        /// Sequences per step N (>= 1).
+        batch: usize,
+    },
 }
 
 /// The `kv_bias` input of [`Phase::Extend`]: `[1, 1, seq_len, ctx_len]`,
@@ -68,6 +88,12 @@ pub fn extend_bias(start: usize, seq_len: usize, ctx_len: usize) -> Vec<f32> {
 /// Names of the k and v cache params of layer `l`.
 pub fn cache_names(l: usize) -> (String, String) {
     (format!("cache.k.{l}"), format!("cache.v.{l}"))
+}
+
+/// Names of the k and v cache params of layer `l` for sequence `b` of the
+/// batched decode graph ([`Phase::DecodeBatch`]).
+pub fn batch_cache_names(l: usize, b: usize) -> (String, String) {
+    (format!("cache.k.{l}.b{b}"), format!("cache.v.{l}.b{b}"))
 }
 
 /// Declares each param once.
@@ -123,16 +149,20 @@ impl Builder<'_> {
         Ok(self.g.push(Op::Binary(BinaryOp::Add), vec![y, b])?)
     }
 
-    /// Columns `start..start + len` of the last axis (2) of a `[1, S, N]` value.
+    /// Columns `start..start + len` of the last axis (2) of a `[B, S, N]` value.
     fn narrow(&mut self, x: NodeId, start: usize, len: usize) -> Result<NodeId, LlamaError> {
-        Ok(self.g.push(
-            Op::Narrow {
-                axis: 2,
-                start,
-                len,
-            },
-            vec![x],
-        )?)
+        self.narrow_on(x, 2, start, len)
+    }
+
+    /// `start..start + len` along `axis`.
+    fn narrow_on(
+        &mut self,
+        x: NodeId,
+        axis: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<NodeId, LlamaError> {
+        Ok(self.g.push(Op::Narrow { axis, start, len }, vec![x])?)
     }
 
     fn rms_norm(&mut self, x: NodeId, name: &str) -> Result<NodeId, LlamaError> {
@@ -142,8 +172,9 @@ impl Builder<'_> {
     }
 }
 
-/// Build the prefill or decode graph for `weights` with a KV cache of
-/// `ctx_len` positions. Errors if `seq_len` is 0 or exceeds `ctx_len`, or
+/// Build the prefill, decode, extend or batched decode graph for `weights`
+/// with KV caches of `ctx_len` positions. Errors if `seq_len` is 0 or
+/// exceeds `ctx_len`, a batch is 0 or over [`super::MAX_DECODE_BATCH`], or
 /// a weight is missing from `weights`.
 pub fn build_graph(
     weights: &LlamaWeights,
@@ -151,11 +182,18 @@ pub fn build_graph(
     ctx_len: usize,
 ) -> Result<Graph, LlamaError> {
     let c = &weights.config;
-    let (s, name) = match phase {
-        Phase::Prefill { seq_len } => (seq_len, format!("llama.prefill.{seq_len}")),
-        Phase::Decode => (1, "llama.decode".to_string()),
-        Phase::Extend { seq_len } => (seq_len, format!("llama.extend.{seq_len}")),
+    let (n, s, name) = match phase {
+        Phase::Prefill { seq_len } => (1, seq_len, format!("llama.prefill.{seq_len}")),
+        Phase::Decode => (1, 1, "llama.decode".to_string()),
+        Phase::Extend { seq_len } => (1, seq_len, format!("llama.extend.{seq_len}")),
+        Phase::DecodeBatch { batch } => (batch, 1, format!("llama.decode_batch.{batch}")),
     };
+    if n == 0 || n > super::MAX_DECODE_BATCH {
+        return Err(LlamaError::BatchSize {
+            batch: n,
+            max: super::MAX_DECODE_BATCH,
+        });
+    }
     if s == 0 {
         return Err(LlamaError::EmptyPrompt);
     }
@@ -168,8 +206,13 @@ pub fn build_graph(
         w: weights,
         params: HashMap::new(),
     };
-    let ids = b.g.input("ids", Shape::new(&[1, s], DType::I64));
-    let pos = b.g.input("pos", Shape::new(&[s], DType::I64));
+    let batched = matches!(phase, Phase::DecodeBatch { .. });
+    let ids = b.g.input("ids", Shape::new(&[n, s], DType::I64));
+    let pos = if batched {
+        b.g.input("pos", Shape::new(&[n, 1], DType::I64))
+    } else {
+        b.g.input("pos", Shape::new(&[s], DType::I64))
+    };
     let (write_pos, kv_mask) = match phase {
         Phase::Prefill { .. } => (b.g.constant(Tensor::i64(&[1], vec![0])), None),
         Phase::Decode => {
@@ -181,7 +224,21 @@ pub fn build_graph(
             let m = b.g.input("kv_bias", Shape::f32(&[1, 1, s, ctx_len]));
             (start, Some((MaskKind::Bias, m)))
         }
+        Phase::DecodeBatch { .. } => {
+            let m = b.g.input("kv_mask", Shape::f32(&[n, ctx_len]));
+            (pos, Some((MaskKind::Custom, m)))
+        }
     };
+    // Batched decode: per sequence, its write position `[1]` and mask row
+    // `[1, ctx]`, both views of the batched inputs.
+    let mut per_seq: Vec<(NodeId, NodeId)> = Vec::new();
+    if let (true, Some((_, m))) = (batched, kv_mask) {
+        for i in 0..n {
+            let p = b.narrow_on(pos, 0, i, 1)?;
+            let p = b.g.push(Op::Reshape { shape: vec![1] }, vec![p])?;
+            per_seq.push((p, b.narrow_on(m, 0, i, 1)?));
+        }
+    }
     let table = b.param(EMBED_TABLE)?;
     let mut x = b.g.push(Op::Gather { axis: 0 }, vec![table, ids])?;
     let rope = Op::Rope {
@@ -217,13 +274,6 @@ pub fn build_graph(
             let q = b.g.push(rope.clone(), vec![q, pos])?;
             (q, b.g.push(rope.clone(), vec![k, pos])?, v)
         };
-        let (ck_name, cv_name) = cache_names(l);
-        let ck = b.g.param(&ck_name, kv_shape.clone());
-        let cv = b.g.param(&cv_name, kv_shape.clone());
-        let ck =
-            b.g.push(Op::CacheWrite { axis: 1 }, vec![ck, k, write_pos])?;
-        let cv =
-            b.g.push(Op::CacheWrite { axis: 1 }, vec![cv, v, write_pos])?;
         let attn = |mask_kind| Op::Attention {
             num_heads: c.n_heads,
             head_dim: c.head_dim,
@@ -231,9 +281,45 @@ pub fn build_graph(
             score_scale: None,
             attn_logit_softcap: None,
         };
-        let a = match kv_mask {
-            None => b.g.push(attn(MaskKind::Causal), vec![q, k, v])?,
-            Some((kind, m)) => b.g.push(attn(kind), vec![q, ck, cv, m])?,
+        let a = if batched {
+            // Per sequence: its row of q/k/v (`Narrow` on axis 0: a view,
+            // no dispatch; the column narrows above run once for all rows,
+            // in the rope's step of a hybrid plan); then it writes into and
+            // attends over its own caches.
+            let mut rows = Vec::with_capacity(n);
+            for i in 0..n {
+                rows.push((
+                    b.narrow_on(q, 0, i, 1)?,
+                    b.narrow_on(k, 0, i, 1)?,
+                    b.narrow_on(v, 0, i, 1)?,
+                ));
+            }
+            let mut outs = Vec::with_capacity(n);
+            for (i, (&(wp, m), &(qi, ki, vi))) in per_seq.iter().zip(&rows).enumerate() {
+                let (ck_name, cv_name) = batch_cache_names(l, i);
+                let ck = b.g.param(&ck_name, kv_shape.clone());
+                let cv = b.g.param(&cv_name, kv_shape.clone());
+                let ck = b.g.push(Op::CacheWrite { axis: 1 }, vec![ck, ki, wp])?;
+                let cv = b.g.push(Op::CacheWrite { axis: 1 }, vec![cv, vi, wp])?;
+                outs.push(b.g.push(attn(MaskKind::Custom), vec![qi, ck, cv, m])?);
+            }
+            if outs.len() == 1 {
+                outs[0]
+            } else {
+                b.g.push(Op::Concat { axis: 0 }, outs)?
+            }
+        } else {
+            let (ck_name, cv_name) = cache_names(l);
+            let ck = b.g.param(&ck_name, kv_shape.clone());
+            let cv = b.g.param(&cv_name, kv_shape.clone());
+            let ck =
+                b.g.push(Op::CacheWrite { axis: 1 }, vec![ck, k, write_pos])?;
+            let cv =
+                b.g.push(Op::CacheWrite { axis: 1 }, vec![cv, v, write_pos])?;
+            match kv_mask {
+                None => b.g.push(attn(MaskKind::Causal), vec![q, k, v])?,
+                Some((kind, m)) => b.g.push(attn(kind), vec![q, ck, cv, m])?,
+            }
         };
         let o = b.linear(a, &p("attn_output"))?;
         x = b.g.push(Op::Binary(BinaryOp::Add), vec![x, o])?;

@@ -8,7 +8,9 @@
 //! - [`build_graph`]: the prefill graph (`S` tokens at positions `0..S`) or
 //!   the decode graph (one token at position `p`, attending over the cache).
 //! - [`LlamaModel`]: load, prefill, decode, generate, on the CPU or (feature
-//!   `cuda`) a CUDA GPU ([`LlamaDevice`]).
+//!   `cuda`) a CUDA GPU ([`LlamaDevice`]); and, on the CPU, a batched
+//!   decode step over several sequences, each with its own [`KvCache`]
+//!   ([`LlamaModel::decode_batch`]).
 //!
 //! Rope: GGUF converters permute the Q/K weights of `llama` models so that
 //! rotary pairs are adjacent; llama.cpp therefore uses its `NORM` rope
@@ -25,6 +27,6 @@ mod weights;
 
 pub use config::{LlamaConfig, SUPPORTED_ARCHS};
 pub use error::LlamaError;
-pub use generate::{argmax, KvCache, LlamaDevice, LlamaModel};
-pub use graph::{build_graph, cache_names, extend_bias, Phase};
+pub use generate::{argmax, KvCache, LlamaDevice, LlamaModel, MAX_DECODE_BATCH};
+pub use graph::{batch_cache_names, build_graph, cache_names, extend_bias, Phase};
 pub use weights::{bias_name, gate_up_name, qkv_name, Linear, LlamaWeights, EMBED_TABLE};
