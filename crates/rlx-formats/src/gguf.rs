@@ -578,7 +578,8 @@ impl GgufTensorInfo {
 
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
-        // row_len is a multiple of the block size (checked at open).
+        // row_len is a multiple of the block size and its byte size fits
+        // (both checked at open).
         self.row_len() / self.ggml_type.block_elems() * self.ggml_type.block_bytes()
     }
 }
@@ -1202,6 +1203,12 @@ fn parse(path: &Path, data: &Arc<Backing>, limits: GgufLimits) -> Result<Parsed,
                 "tensor `{name}`: row length {row} is not a multiple of the {ggml_type} block size {be}"
             )));
         }
+        // A zero dim makes the tensor empty, but its rows keep their size:
+        // that must fit too (`GgufTensorInfo::row_bytes` relies on it).
+        usize::try_from(row)
+            .ok()
+            .and_then(|r| ggml_type.row_bytes(r))
+            .ok_or_else(|| overflow(format!("row size of tensor `{name}` dims {dims:?}")))?;
         let n_bytes = (n_elements / be)
             .checked_mul(ggml_type.block_bytes() as u64)
             .ok_or_else(|| overflow(format!("byte size of tensor `{name}` dims {dims:?}")))?;

@@ -483,6 +483,17 @@ fn huge_counts_do_not_allocate_or_panic() {
         open(&b.build()),
         Err(FormatError::Overflow { .. })
     ));
+    // An empty tensor (a zero dim) whose rows would not fit in memory
+    // (found by the gguf fuzzer: `row_bytes` overflowed).
+    for (ty, row) in [(0u32, 1u64 << 62), (1, 1 << 63)] {
+        let b = Builder::new().tensor("wide", &[row, 0], ty, vec![]);
+        match open(&b.build()) {
+            Err(e @ FormatError::Overflow { .. }) => {
+                assert!(e.to_string().contains("wide"), "{e}")
+            }
+            other => panic!("expected Overflow, got {other:?}"),
+        }
+    }
     // Too many dims, and a row that is not a whole number of blocks.
     let b = Builder::new().tensor("r5", &[1, 1, 1, 1, 1], 0, vec![0; 4]);
     assert!(matches!(
