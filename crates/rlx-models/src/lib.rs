@@ -12,12 +12,14 @@
 #![deny(missing_docs)]
 
 pub mod bert;
+pub mod chat_template;
 pub mod embedder;
 pub mod gguf_tokenizer;
 pub mod llama;
 mod lru;
 pub mod recurrent;
 pub mod sampling;
+pub mod stop;
 pub mod tokenizer;
 pub mod validate;
 

@@ -19,11 +19,12 @@
 
 mod api;
 pub mod batcher;
-pub mod chat;
+/// The chat template (shared with the Python package, in rlx-models).
+pub use rlx::models::chat_template as chat;
 mod error;
 pub mod generation;
 mod metrics;
-mod stop;
+use rlx::models::stop;
 
 pub use error::ApiError;
 

@@ -43,8 +43,8 @@ impl ChatTemplate {
     /// The template of a GGUF file (`tokenizer.chat_template`, ChatML when
     /// absent), with its tokenizer's BOS and EOS texts.
     pub fn from_gguf(
-        f: &rlx::formats::GgufFile,
-        tok: &rlx::models::gguf_tokenizer::GgufTokenizer,
+        f: &rlx_formats::GgufFile,
+        tok: &crate::gguf_tokenizer::GgufTokenizer,
     ) -> Result<Self, String> {
         let src = f
             .metadata("tokenizer.chat_template")
