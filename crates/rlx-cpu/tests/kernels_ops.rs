@@ -736,7 +736,8 @@ fn attention_all_masks_gqa_offsets() {
         (2, 6, 4, 2, 1, 4),  // S_k < S_q: early causal rows fully masked
         (1, 1, 1, 1, 1, 1),
         (4, 9, 11, 2, 1, 8),   // 9-row blocks of the row-block path
-        (1, 1, 70, 4, 2, 32),  // a decode step: one task per head
+        (1, 1, 70, 4, 2, 32),  // a decode step: keys split in chunks
+        (1, 1, 200, 9, 3, 64), // SmolLM2's heads, seven key chunks
         (2, 40, 40, 4, 2, 33), // parallel path
     ];
     for &(b, sq, sk, hq, hkv, d) in &shapes {
@@ -873,6 +874,87 @@ fn attention_all_masks_gqa_offsets() {
         &naive_attention(&c, &q, &k, &v, None, Some((&bias, &bd))),
         1e-5,
     );
+}
+
+/// A decode step (one query row) splits the visible keys into chunks
+/// whose partial softmaxes are combined: a chunk with every key masked,
+/// the trailing masked keys of a preallocated cache, a NaN key and any
+/// thread count give what the definition says, the last bit for bit.
+#[test]
+fn decode_attention_chunks_combine_exactly_on_any_thread_count() {
+    use rlx_cpu::kernels::attention::{attention, AttentionParams, AttnMask};
+    let mut rng = Rng::new(21);
+    let (sk, hq, hkv, d) = (300, 9, 3, 64);
+    let c = AttnCase {
+        b: 1,
+        sq: 1,
+        sk,
+        hq,
+        hkv,
+        d,
+        kind: MaskKind::Custom,
+        scale: None,
+        softcap: None,
+    };
+    let q = rng.vec(hq * d, 1.0);
+    let k = rng.vec(sk * hkv * d, 1.0);
+    let mut v = rng.vec(sk * hkv * d, 1.0);
+    // Keys 0..70 masked (two whole chunks and part of a third), 70..250
+    // kept but 100, and 250.. the unused tail of the cache.
+    let keep: Vec<f32> = (0..sk)
+        .map(|j| ((70..250).contains(&j) && j != 100) as u8 as f32)
+        .collect();
+    let p = AttentionParams {
+        batch: 1,
+        seq_q: 1,
+        seq_k: sk,
+        num_heads: hq,
+        num_kv_heads: hkv,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+        softcap: None,
+        mask_kind: MaskKind::Custom,
+        q_row_stride: hq * d,
+        k_row_stride: hkv * d,
+        v_row_stride: hkv * d,
+        out_row_stride: hq * d,
+    };
+    let want = naive_attention(&c, &q, &k, &v, Some(&keep), None);
+    let run = |threads: usize, v: &[f32], parallel: bool| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let mut out = vec![f32::NAN; hq * d];
+        pool.install(|| attention(&p, &q, &k, v, AttnMask::KeepF32(&keep), &mut out, parallel))
+            .unwrap();
+        out
+    };
+    let one = run(1, &v, false);
+    assert_close(&one, &want, 1e-5);
+    for threads in [2, 3, 8] {
+        let got = run(threads, &v, true);
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            one.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{threads} threads"
+        );
+    }
+    // Every key masked: zeros.
+    let none = vec![0f32; sk];
+    let mut out = vec![f32::NAN; hq * d];
+    attention(&p, &q, &k, &v, AttnMask::KeepF32(&none), &mut out, true).unwrap();
+    assert!(out.iter().all(|&x| x == 0.0));
+    // A NaN in a kept value row reaches every head of its KV head, and
+    // only those; a NaN in a masked row reaches none.
+    v[(120 * hkv + 1) * d + 5] = f32::NAN;
+    v[(100 * hkv) * d] = f32::NAN;
+    let got = run(2, &v, true);
+    for h in 0..hq {
+        let nan = got[h * d + 5].is_nan();
+        assert_eq!(nan, h / 3 == 1, "head {h}");
+        assert!(!got[h * d].is_nan(), "head {h}");
+    }
 }
 
 #[test]

