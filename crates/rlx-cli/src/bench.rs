@@ -234,8 +234,14 @@ pub fn print_profile(steps: &[rlx::cpu::ProfileEntry], runs: usize, threads: Opt
     };
     let isa = rlx::cpu::Isa::active();
     eprintln!(
-        "kernels: {isa} ({} f32 lanes; RLX_CPU_ISA=avx512|avx2|portable overrides); CPU: {}",
+        "kernels: {isa} ({} f32 lanes; RLX_CPU_ISA=avx512|avx2|portable overrides); bf16 matmuls on {} \
+         (RLX_CPU_AMX=0 turns tiles off); CPU: {}",
         isa.f32_lanes(),
+        if rlx::cpu::isa::amx_bf16_active() {
+            "AMX tiles"
+        } else {
+            "vector kernels"
+        },
         rlx::cpu::CpuFeatures::get().names().join(" ")
     );
     eprintln!(

@@ -17,21 +17,24 @@
 //! [`CpuFeatures`] also records the low-precision extensions that optional
 //! kernels use (AVX512-BF16, AVX512-FP16, AVX512-VNNI) and reports AMX.
 //!
-//! ## AMX (detected, not used)
+//! ## AMX (bf16 products)
 //! Sapphire Rapids and later Xeons have AMX: eight 1 KiB tile registers and
 //! a tile multiply (`tdpbf16ps`, `tdpbusd`) that does a 16x32 by 32x16 bf16
-//! or int8 block product per instruction, ~8x the AVX-512 FMA rate. A tile
-//! kernel would pack B as 16-row x 64-byte tiles (pairs of bf16 or quads of
-//! int8 along K, the layout `tdpbf16ps` reads), keep a 2x2 block of C tiles
-//! in registers (32 rows x 32 columns) and stream A tiles from the row-major
-//! activations. The OS must grant the tile state first
-//! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)` on Linux), and a
-//! thread configures the palette with `ldtilecfg` before its first tile
-//! instruction. The 16-core Xeon of the GPU machine reports both (and
-//! AVX512-BF16/FP16/VNNI), the dev machines (Zen 3/4) report neither; no
-//! kernel uses AMX yet: [`CpuFeatures::amx_bf16`] and
-//! [`CpuFeatures::amx_int8`] only report it (`rlx bench --profile` prints
-//! them), and the design above is where such a kernel would go.
+//! or int8 block product per instruction. `vdpbf16ps` does 32 bf16
+//! products per instruction but issues at half the rate of the f32 FMA on
+//! these cores, so it gains nothing over f32 in compute; the tiles do.
+//! The opt-in bf16 matmuls (`Precision::Bf16` on the CPU, packed as bf16
+//! row pairs, which is the B layout `tdpbf16ps` reads) run on tiles when
+//! [`CpuFeatures::amx_bf16`] holds, the AVX-512 kernels are active, K is a
+//! multiple of 32, and Linux grants the process the tile data
+//! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, asked once):
+//! a 2x2 block of C tiles (32 rows x 32 columns) stays in registers over
+//! the whole K while A tiles stream from the rounded activations (see
+//! `kernels::packed_gemm`). Rows past the last whole 16 and a partial last
+//! panel use `vdpbf16ps`. [`amx_bf16_active`] says whether tiles run;
+//! `RLX_CPU_AMX=0` turns them off for A/B runs. AMX-INT8 is reported, not
+//! used: the int8 paths are the quantized GGUF matmuls, whose decode is
+//! bound by memory, not by the dot products.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -178,7 +181,8 @@ pub struct CpuFeatures {
     pub avx512fp16: bool,
     /// AVX-VNNI (the VEX-encoded int8 dot product of AVX2-class cores).
     pub avxvnni: bool,
-    /// AMX bf16 tiles (reported, not used; see the module docs).
+    /// AMX bf16 tiles with the tile state enabled by the OS (see the
+    /// module docs and [`amx_bf16_active`]).
     pub amx_bf16: bool,
     /// AMX int8 tiles (reported, not used).
     pub amx_int8: bool,
@@ -283,6 +287,17 @@ fn os_enables_tiles() -> bool {
 #[target_feature(enable = "xsave")]
 unsafe fn xgetbv0() -> u64 {
     std::arch::x86_64::_xgetbv(0)
+}
+
+/// Whether the bf16 matmuls run on AMX tiles in this process (see the
+/// module docs): the CPU and OS have them, the AVX-512 kernels are active
+/// and `RLX_CPU_AMX` is not `0`.
+pub fn amx_bf16_active() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if Isa::active() == Isa::Avx512 {
+        return crate::kernels::packed_gemm::amx_usable();
+    }
+    false
 }
 
 #[cfg(test)]

@@ -643,6 +643,58 @@ impl Job<'_> {
     /// As for [`Job::block`]; `self.k0 == 0`, `self.pan0 == 0` and `a16`
     /// holds the rounded rows (only [`gemm_packed_with`] builds bf16 jobs).
     unsafe fn block_bf16(&self, c: SharedC, r0: usize, r1: usize, p0: usize, p1: usize) {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        if self.isa == Isa::Avx512 && self.k.is_multiple_of(32) && amx::usable() {
+            // SAFETY: as for this function; `amx::usable` granted the tile
+            // state, and `block_amx` reads and writes what this call may.
+            unsafe { self.block_amx(c, r0, r1, p0, p1) };
+            return;
+        }
+        self.block_bf16_vec(c, r0, r1, p0, p1);
+    }
+
+    /// [`Job::block_bf16`] on AMX tiles: 32 x 32 (or 16 x 32) blocks of C
+    /// over whole panel pairs, the full K in one pass (`tdpbf16ps`: per
+    /// output the same exact bf16 products, summed in f32 in the order of
+    /// the tile unit, so the bits may differ from `vdpbf16ps`'s in the
+    /// last place). Rows past the last whole 16 and a trailing odd or
+    /// partial panel take [`Job::block_bf16_vec`].
+    ///
+    /// # Safety
+    /// As [`Job::block_bf16`]; `amx::usable()` is true and `k % 32 == 0`.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    unsafe fn block_amx(&self, c: SharedC, r0: usize, r1: usize, p0: usize, p1: usize) {
+        let kp = self.k / 2;
+        let lda16 = 2 * kp;
+        amx::configure();
+        let mut panel = p0;
+        while panel + 2 <= p1 && (panel + 2) * NR <= self.n {
+            let b0 = self.b.pairs[panel * kp..].as_ptr().cast::<u8>();
+            let b1 = self.b.pairs[(panel + 1) * kp..].as_ptr().cast::<u8>();
+            let mut r = r0;
+            while r + 16 <= r1 {
+                let tall = r + 32 <= r1;
+                let ap = self.a16.as_ptr().add(r * lda16).cast::<u8>();
+                let cp = c.0.add(r * self.ldc + panel * NR);
+                amx::block(tall, kp, ap, lda16 * 2, b0, b1, cp, self.ldc * 4);
+                r += if tall { 32 } else { 16 };
+            }
+            if r < r1 {
+                self.block_bf16_vec(c, r, r1, panel, panel + 2);
+            }
+            panel += 2;
+        }
+        amx::release();
+        if panel < p1 {
+            self.block_bf16_vec(c, r0, r1, panel, p1);
+        }
+    }
+
+    /// [`Job::block_bf16`] on `vdpbf16ps` tiles (or the portable kernel).
+    ///
+    /// # Safety
+    /// As [`Job::block_bf16`].
+    unsafe fn block_bf16_vec(&self, c: SharedC, r0: usize, r1: usize, p0: usize, p1: usize) {
         let kp = self.k.div_ceil(2);
         let blocks = if kp <= KC * 3 / 4 {
             1
@@ -1307,6 +1359,186 @@ mod avx512bf16 {
     ];
 }
 
+/// Whether bf16 products may run on AMX tiles here (see
+/// [`crate::isa::amx_bf16_active`]).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub(crate) fn amx_usable() -> bool {
+    amx::usable()
+}
+
+/// AMX bf16 tiles (`tdpbf16ps`) for [`Job::block_amx`], through inline
+/// assembly (the AMX intrinsics are not stable Rust). The tile registers
+/// are invisible to the compiler, which never uses them itself: they keep
+/// their contents between the `asm!` blocks of one [`block`] call on one
+/// thread.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod amx {
+    use std::arch::asm;
+    use std::sync::OnceLock;
+
+    /// `ldtilecfg`'s 64-byte operand, palette 1: tiles 0-3 are C (16 rows
+    /// of 16 f32), 4-5 A (16 rows of 32 bf16), 6-7 B (16 pair rows of 16
+    /// columns); every row 64 bytes.
+    #[repr(C, align(64))]
+    struct TileConfig {
+        palette: u8,
+        start_row: u8,
+        reserved: [u8; 14],
+        colsb: [u16; 16],
+        rows: [u8; 16],
+    }
+
+    static CONFIG: TileConfig = TileConfig {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
+        rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
+    };
+
+    /// Whether the bf16 products run on AMX: the CPU has AMX-BF16 with
+    /// the tile state enabled in XCR0, Linux granted this process the tile
+    /// data (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`), and
+    /// `RLX_CPU_AMX` is not `0` (for A/B runs against `vdpbf16ps`).
+    pub fn usable() -> bool {
+        static USABLE: OnceLock<bool> = OnceLock::new();
+        *USABLE.get_or_init(|| {
+            if std::env::var("RLX_CPU_AMX").is_ok_and(|v| v == "0") {
+                return false;
+            }
+            let f = crate::isa::CpuFeatures::get();
+            if !(f.amx_bf16 && f.avx512bf16) {
+                return false;
+            }
+            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+            const XFEATURE_XTILEDATA: libc::c_long = 18;
+            // SAFETY: a plain syscall with integer arguments; on success
+            // the kernel lets this process's threads use tile data.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                )
+            };
+            rc == 0
+        })
+    }
+
+    /// Configures the calling thread's tiles.
+    ///
+    /// # Safety
+    /// [`usable`] returned true.
+    pub unsafe fn configure() {
+        // SAFETY: the CPU has AMX and the process holds the tile state
+        // (caller); the operand is a valid 64-byte palette-1 config.
+        unsafe {
+            asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly));
+        }
+    }
+
+    /// Returns the calling thread's tiles to their initial state (so that
+    /// context switches do not save 8 KiB of tile data for it).
+    ///
+    /// # Safety
+    /// [`usable`] returned true.
+    pub unsafe fn release() {
+        // SAFETY: as for `configure`.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+
+    /// `C[0..R, 0..32] = A[0..R, 0..2kp] · B` for `R` = 32 (`tall`) or 16:
+    /// `a` the first A row (bf16, rows `a_stride` bytes apart), `b0`/`b1`
+    /// the pair rows of two panels (64 bytes each, consecutive), `c` the
+    /// first C element (rows `c_stride` bytes apart). Overwrites C.
+    ///
+    /// # Safety
+    /// [`configure`] ran on this thread; `kp % 16 == 0`; the A rows hold
+    /// `2 kp` bf16, each panel `kp` pair rows, and C's `R` rows 32 floats.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn block(
+        tall: bool,
+        kp: usize,
+        a: *const u8,
+        a_stride: usize,
+        b0: *const u8,
+        b1: *const u8,
+        c: *mut f32,
+        c_stride: usize,
+    ) {
+        // SAFETY (every block below): tile loads read 16 rows of 64 bytes
+        // at the given stride, inside A and the panels (caller); stores
+        // write 16 rows of 16 floats inside C (caller).
+        unsafe {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            );
+            let a1 = a.add(16 * a_stride);
+            let mut q = 0;
+            while q < kp {
+                if tall {
+                    asm!(
+                        "tileloadd tmm4, [{a0} + {sa} * 1]",
+                        "tileloadd tmm6, [{b0} + {sb} * 1]",
+                        "tileloadd tmm7, [{b1} + {sb} * 1]",
+                        "tileloadd tmm5, [{a1} + {sa} * 1]",
+                        "tdpbf16ps tmm0, tmm4, tmm6",
+                        "tdpbf16ps tmm1, tmm4, tmm7",
+                        "tdpbf16ps tmm2, tmm5, tmm6",
+                        "tdpbf16ps tmm3, tmm5, tmm7",
+                        a0 = in(reg) a.add(4 * q),
+                        a1 = in(reg) a1.add(4 * q),
+                        b0 = in(reg) b0.add(64 * q),
+                        b1 = in(reg) b1.add(64 * q),
+                        sa = in(reg) a_stride,
+                        sb = in(reg) 64usize,
+                        options(nostack, readonly),
+                    );
+                } else {
+                    asm!(
+                        "tileloadd tmm4, [{a0} + {sa} * 1]",
+                        "tileloadd tmm6, [{b0} + {sb} * 1]",
+                        "tileloadd tmm7, [{b1} + {sb} * 1]",
+                        "tdpbf16ps tmm0, tmm4, tmm6",
+                        "tdpbf16ps tmm1, tmm4, tmm7",
+                        a0 = in(reg) a.add(4 * q),
+                        b0 = in(reg) b0.add(64 * q),
+                        b1 = in(reg) b1.add(64 * q),
+                        sa = in(reg) a_stride,
+                        sb = in(reg) 64usize,
+                        options(nostack, readonly),
+                    );
+                }
+                q += 16;
+            }
+            let c = c.cast::<u8>();
+            asm!(
+                "tilestored [{c0} + {sc} * 1], tmm0",
+                "tilestored [{c1} + {sc} * 1], tmm1",
+                c0 = in(reg) c,
+                c1 = in(reg) c.add(64),
+                sc = in(reg) c_stride,
+                options(nostack),
+            );
+            if tall {
+                let c2 = c.add(16 * c_stride);
+                asm!(
+                    "tilestored [{c2} + {sc} * 1], tmm2",
+                    "tilestored [{c3} + {sc} * 1], tmm3",
+                    c2 = in(reg) c2,
+                    c3 = in(reg) c2.add(64),
+                    sc = in(reg) c_stride,
+                    options(nostack),
+                );
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1502,7 +1734,15 @@ mod tests {
         assert!(round(f32::NAN).is_nan());
         // Odd k (a zero pad row), odd panel counts, ragged columns, tile
         // heights around 12, several K blocks.
-        for &(m, k, n) in &[(1, 7, 17), (13, 33, 48), (29, 385, 70), (64, 1536, 40)] {
+        // With AMX: 32- and 16-row blocks, leftover rows, a partial panel.
+        for &(m, k, n) in &[
+            (1, 7, 17),
+            (13, 33, 48),
+            (29, 385, 70),
+            (64, 1536, 40),
+            (56, 384, 96),
+            (16, 64, 33),
+        ] {
             let a = fill(m * k, 21);
             let b = fill(k * n, 22);
             let bias = fill(n, 23);
@@ -1540,7 +1780,13 @@ mod tests {
                     outs.push((isa, c));
                 }
             }
-            // vdpbf16ps and the portable kernel add in the same order.
+            // vdpbf16ps and the portable kernel add in the same order (AMX
+            // tiles sum in their own: within the tolerance above).
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            if amx::usable() {
+                println!("bf16 on AMX tiles checked: m{m} k{k} n{n}");
+                outs.retain(|(isa, _)| *isa != Isa::Avx512);
+            }
             for (isa, c) in &outs {
                 assert!(
                     c == &outs[0].1,
