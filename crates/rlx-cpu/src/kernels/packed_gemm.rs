@@ -337,7 +337,17 @@ pub fn gemm_packed_with(
     } else {
         1
     };
-    let part = Partition::new(m, n.div_ceil(NR), threads);
+    // AMX tiles take whole 16-row blocks (32 at best): row blocks on
+    // 32-row boundaries leave no rows to the slower `vdpbf16ps` tiles.
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    let granule = if b.is_bf16() && isa == Isa::Avx512 && k.is_multiple_of(32) && amx::usable() {
+        32
+    } else {
+        MR
+    };
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    let granule = MR;
+    let part = Partition::new(m, n.div_ceil(NR), threads, granule);
     let cptr = SharedC(c.as_mut_ptr());
     let run_all = |a16: &[u16]| {
         let job = Job {
@@ -381,13 +391,16 @@ pub fn gemm_packed_with(
     A16.with(|cell| {
         let mut own = Vec::new();
         let mut held = cell.try_borrow_mut();
-        let buf = match held.as_mut() {
+        let lines = match held.as_mut() {
             Ok(b) => &mut **b,
             Err(_) => &mut own,
         };
         let row16 = 2 * k.div_ceil(2);
-        buf.clear();
-        buf.resize(m * row16, 0);
+        // Whole 64-byte lines, so that rows of a multiple of 32 elements
+        // start on line boundaries (AMX tile loads read 64-byte rows).
+        lines.clear();
+        lines.resize((m * row16).div_ceil(32), A16Line([0; 32]));
+        let buf = &mut bytemuck::cast_slice_mut::<A16Line, u16>(lines)[..m * row16];
         let round = |(r, dst): (usize, &mut [u16])| round_bf16(&a[r * lda..r * lda + k], dst);
         if threads > 1 {
             buf.par_chunks_mut(row16).enumerate().for_each(round);
@@ -410,6 +423,8 @@ pub fn gemm_packed_with(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Partition {
     m: usize,
+    /// Row blocks start on multiples of this (the micro-tile height).
+    granule: usize,
     panels: usize,
     row_blocks: usize,
     groups: usize,
@@ -419,7 +434,7 @@ struct Partition {
 const TASKS_PER_THREAD: usize = 4;
 
 impl Partition {
-    fn new(m: usize, panels: usize, threads: usize) -> Partition {
+    fn new(m: usize, panels: usize, threads: usize, granule: usize) -> Partition {
         let row_blocks = m.div_ceil(MC).max(1);
         let mut groups = panels.div_ceil(PANELS_PER_TASK).max(1);
         if threads > 1 {
@@ -431,6 +446,7 @@ impl Partition {
         }
         Partition {
             m,
+            granule,
             panels,
             row_blocks,
             groups,
@@ -444,8 +460,9 @@ impl Partition {
     /// Rows `r0..r1` and panels `p0..p1` of task `t` (panel-group major).
     fn task(&self, t: usize) -> ((usize, usize), (usize, usize)) {
         let (g, rb) = (t / self.row_blocks, t % self.row_blocks);
-        let tiles = self.m.div_ceil(MR);
-        let row = |b: usize| (tiles * b / self.row_blocks * MR).min(self.m);
+        let unit = self.granule;
+        let tiles = self.m.div_ceil(unit);
+        let row = |b: usize| (tiles * b / self.row_blocks * unit).min(self.m);
         let panel = |g: usize| self.panels * g / self.groups;
         ((row(rb), row(rb + 1)), (panel(g), panel(g + 1)))
     }
@@ -894,9 +911,19 @@ unsafe fn scalar_tile<T>(
 /// Rows of the tallest bf16 micro-tile (`R x 32`: 2R accumulators).
 const BF16_MR: usize = 12;
 
+/// 32 bf16 activations: one cache line of [`A16`].
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct A16Line([u16; 32]);
+// SAFETY: 32 u16 fill the 64 bytes exactly (no padding), and any bits are
+// a valid value.
+unsafe impl bytemuck::Zeroable for A16Line {}
+// SAFETY: as above; `Copy` and `'static`.
+unsafe impl bytemuck::Pod for A16Line {}
+
 thread_local! {
     /// The calling thread's buffer of bf16 activations (bf16 products).
-    static A16: std::cell::RefCell<Vec<u16>> = const { std::cell::RefCell::new(Vec::new()) };
+    static A16: std::cell::RefCell<Vec<A16Line>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 super::simd::simd_dispatch! {
@@ -1571,15 +1598,18 @@ mod tests {
     fn partition_tiles_c_exactly_once_and_evenly() {
         for threads in [1, 2, 3, 4, 16] {
             for m in [1, 5, 6, 16, 97, 128, 200, 512, 4096] {
-                for panels in [1, 2, 3, 24, 72, 96] {
-                    let p = Partition::new(m, panels, threads);
+                for (panels, granule) in [1, 2, 3, 24, 72, 96]
+                    .into_iter()
+                    .flat_map(|p| [(p, MR), (p, 32)])
+                {
+                    let p = Partition::new(m, panels, threads, granule);
                     let mut seen = vec![0u8; m * panels];
                     let mut sizes = Vec::new();
                     for t in 0..p.tasks() {
                         let ((r0, r1), (p0, p1)) = p.task(t);
                         assert!(r0 < r1 && p0 < p1, "{p:?} task {t} is empty");
                         // Row blocks start on micro-tile boundaries.
-                        assert_eq!(r0 % MR, 0, "{p:?}");
+                        assert_eq!(r0 % granule, 0, "{p:?}");
                         sizes.push((r1 - r0) * (p1 - p0));
                         for r in r0..r1 {
                             for q in p0..p1 {
@@ -1597,7 +1627,7 @@ mod tests {
                         // Every task within one micro-tile row block and one panel of the largest.
                         let big = sizes.iter().max().unwrap();
                         let small = sizes.iter().min().unwrap();
-                        let slack = (MR + MC.min(m)) * (panels / p.groups + 1);
+                        let slack = (granule + MC.min(m)) * (panels / p.groups + 1);
                         assert!(big - small <= slack, "{p:?}: {small}..{big}");
                     }
                 }
