@@ -26,6 +26,13 @@ time bash scripts/python/run.sh
 # by the server's /openapi.json: generated valid and invalid requests to
 # every endpoint, no 5xx, every response as documented (~4 min).
 bash scripts/schemathesis/run.sh
+# The page at `/` in headless Chromium (Debian's chromium, installed by
+# scripts/browser/setup.sh when missing; the DevTools Protocol from Python
+# with a pinned websocket-client in .venv-browser): the page loads, a chat
+# streams and equals the API's greedy answer, the similarity box equals
+# the API's cosines, the plan picture has the plans' shapes, and a
+# screenshot is saved to target/browser/page.png (~1 min).
+bash scripts/browser/run.sh
 # Fuzz every file reader for a bounded time (fuzz/ on nightly, or stable with
 # RUSTC_BOOTSTRAP=1; a crash or memory blow-up fails the run).
 RLX_FUZZ_SECS="${RLX_FUZZ_SECS:-30}" bash scripts/fuzz.sh

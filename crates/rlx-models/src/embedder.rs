@@ -348,6 +348,24 @@ impl SentenceEmbedder {
         Ok(self.models.get_mut(&key).expect("inserted above"))
     }
 
+    /// The plan of the CPU model for a `batch` x `seq` pooled-embedding
+    /// batch (compiled now if this shape is not cached; `seq` as it runs,
+    /// i.e. after padding to [`EmbedOptions::seq_bucket`]). On CUDA the
+    /// CPU plan is compiled all the same (it is what `rlx plan` shows for
+    /// the CPU).
+    pub fn plan_for(
+        &mut self,
+        batch: usize,
+        seq: usize,
+    ) -> Result<crate::CompiledPlan, ModelError> {
+        let m = self.model_for(batch, seq, false)?;
+        Ok(crate::CompiledPlan {
+            name: format!("embeddings {batch}x{seq}"),
+            nodes: m.graph().len(),
+            report: m.report().clone(),
+        })
+    }
+
     /// What the CPU shape cache holds.
     pub fn cache_stats(&self) -> CacheStats {
         CacheStats {

@@ -28,3 +28,18 @@ pub use embedder::{
     CUDA_SEQ_BUCKET, DEFAULT_CACHE_BYTES,
 };
 pub use validate::ConfigError;
+
+/// The hybrid plan of one compiled graph, as a model holds it: what
+/// `Executable::report` says, with the length of the schedule the report's
+/// node indices run along.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompiledPlan {
+    /// Which graph, e.g. `decode` or `decode_batch 4`.
+    pub name: String,
+    /// Nodes in the executed graph's schedule (thunk ranges and segments
+    /// index it).
+    pub nodes: usize,
+    /// Segments and thunk ranges, in schedule order, with why each thunk
+    /// range stayed out of a segment.
+    pub report: rlx_runtime::hybrid::PlanReport,
+}

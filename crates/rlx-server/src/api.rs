@@ -29,6 +29,8 @@ type S = Arc<State>;
 pub(crate) fn router(state: S) -> Router {
     let backstop = state.cfg.timeout + std::time::Duration::from_secs(5);
     Router::new()
+        .route("/", get(page))
+        .route("/v1/plans", get(plans))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -47,7 +49,9 @@ pub(crate) fn router(state: S) -> Router {
         .with_state(state)
 }
 
-const ENDPOINTS: [&str; 8] = [
+const ENDPOINTS: [&str; 10] = [
+    "/",
+    "/v1/plans",
     "/v1/embeddings",
     "/v1/completions",
     "/v1/chat/completions",
@@ -74,7 +78,7 @@ async fn track(
     let t = Instant::now();
     let r = next.run(req).await;
     if r.status() == StatusCode::TOO_MANY_REQUESTS {
-        s.metrics.rejected.fetch_add(1, Ordering::Relaxed);
+        s.metrics.rejected();
     }
     s.metrics
         .request(endpoint, r.status().as_u16(), t.elapsed().as_secs_f64());
@@ -190,6 +194,61 @@ async fn metrics(axum::extract::State(s): axum::extract::State<S>) -> Response {
         s.metrics.render(),
     )
         .into_response()
+}
+
+/// The page at `/`: plain HTML and JS, no build step and nothing fetched
+/// from elsewhere (a chat box that streams, an embedding-similarity box,
+/// the loaded models' hybrid plans drawn from `GET /v1/plans`).
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        include_str!("page.html"),
+    )
+        .into_response()
+}
+
+/// One compiled graph's plan as JSON: the figures of `rlx plan --json`
+/// (segments, thunk ranges with why each op stayed out, dispatches) plus
+/// the schedule length they index.
+fn plan_json(p: &rlx::models::CompiledPlan) -> Value {
+    let r = &p.report;
+    json!({
+        "name": p.name,
+        "nodes": p.nodes,
+        "compiled_segments": r.compiled_segments,
+        "thunk_ranges": r.thunk_ranges,
+        "dispatches": r.dispatches,
+        "dispatches_thunks_only": r.dispatches_thunks_only,
+        "segments": r.segments.iter().map(|s| json!({
+            "nodes": s.nodes, "first": s.first.0, "last": s.last.0,
+            "boundary_inputs": s.boundary_inputs.iter().map(|n| n.0).collect::<Vec<_>>(),
+            "boundary_outputs": s.boundary_outputs.iter().map(|n| n.0).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "ranges": r.ranges.iter().map(|t| json!({
+            "start": t.start, "end": t.end,
+            "ops": t.ops.iter().map(|o| json!({"node": o.node.0, "op": o.op, "reason": o.reason})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `GET /v1/plans`: each loaded model's kind (`embeddings` or
+/// `generation`) and the hybrid plans of its compiled graphs; `ready` is
+/// false while the models load (the list then holds those loaded so far).
+async fn plans(axum::extract::State(s): axum::extract::State<S>) -> Response {
+    let mut data = Vec::new();
+    if let Some(e) = s.embed.get() {
+        data.push(json!({"model": e.names[0], "kind": "embeddings",
+            "plans": e.plans.iter().map(plan_json).collect::<Vec<_>>()}));
+    }
+    if let Some(l) = s.llm.get() {
+        data.push(json!({"model": l.names[0], "kind": "generation",
+            "plans": l.plans.iter().map(plan_json).collect::<Vec<_>>()}));
+    }
+    let ready = s.ready.load(Ordering::SeqCst);
+    axum::Json(json!({"object": "list", "ready": ready, "data": data})).into_response()
 }
 
 async fn models(axum::extract::State(s): axum::extract::State<S>) -> Response {
@@ -339,9 +398,7 @@ async fn embeddings(
         Ok(Ok(Err(m))) => return Err(ApiError::bad_request(m)),
         Ok(Ok(Ok(v))) => v,
     };
-    s.metrics
-        .tokens_in
-        .fetch_add(tokens as u64, Ordering::Relaxed);
+    s.metrics.tokens_in(tokens);
     let data: Vec<Value> = vecs
         .into_iter()
         .enumerate()

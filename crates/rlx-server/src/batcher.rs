@@ -9,7 +9,6 @@
 
 use crate::metrics::Metrics;
 use rlx::models::SentenceEmbedder;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,7 +41,7 @@ impl EmbedHandle {
     pub fn submit(&self, job: EmbedJob) -> Result<(), QueueFull> {
         match self.tx.try_send(job) {
             Ok(()) => {
-                self.metrics.embed_queue.fetch_add(1, Ordering::Relaxed);
+                self.metrics.embed_queued(1);
                 Ok(())
             }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => Err(QueueFull),
@@ -93,8 +92,7 @@ fn run(mut e: SentenceEmbedder, rx: Receiver<EmbedJob>, cfg: BatchConfig, m: Arc
                 Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => break,
             }
         }
-        m.embed_queue
-            .fetch_sub(jobs.len() as i64, Ordering::Relaxed);
+        m.embed_queued(-(jobs.len() as i64));
         run_jobs(&mut e, jobs, &cfg, &m);
     }
 }

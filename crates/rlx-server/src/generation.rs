@@ -26,7 +26,6 @@ use crate::stop::{Step, StopText};
 use rlx::models::gguf_tokenizer::{GgufTokenizer, StreamDecoder};
 use rlx::models::llama::{KvCache, LlamaError, LlamaModel, MAX_DECODE_BATCH};
 use rlx::models::sampling::{Sampler, SamplerConfig};
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
@@ -104,7 +103,7 @@ impl GenHandle {
     pub fn submit(&self, r: GenRequest) -> Result<(), QueueFull> {
         match self.tx.try_send(r) {
             Ok(()) => {
-                self.metrics.gen_queue.fetch_add(1, Ordering::Relaxed);
+                self.metrics.gen_queued(1);
                 Ok(())
             }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => Err(QueueFull),
@@ -214,7 +213,7 @@ impl<'t> Worker<'t> {
                 };
                 match r {
                     Ok(req) => {
-                        self.m.gen_queue.fetch_sub(1, Ordering::Relaxed);
+                        self.m.gen_queued(-1);
                         self.admit(free, req);
                     }
                     Err(TryRecvError::Empty) => break,
@@ -227,10 +226,8 @@ impl<'t> Worker<'t> {
             if !open && self.slots.iter().all(Option::is_none) {
                 return;
             }
-            self.m.gen_active.store(
-                self.slots.iter().filter(|s| s.is_some()).count() as i64,
-                Ordering::Relaxed,
-            );
+            self.m
+                .set_active(self.slots.iter().filter(|s| s.is_some()).count());
             let t = Instant::now();
             // One prefill per round, then one batched decode step for every
             // prefilled sequence (the new one included).
@@ -242,14 +239,10 @@ impl<'t> Worker<'t> {
                 self.prefill(i);
             }
             self.decode_round();
-            self.m
-                .gen_busy_us
-                .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+            self.m.busy(t.elapsed().as_micros() as u64);
             // Before the next admission, which may block while idle.
-            self.m.gen_active.store(
-                self.slots.iter().filter(|s| s.is_some()).count() as i64,
-                Ordering::Relaxed,
-            );
+            self.m
+                .set_active(self.slots.iter().filter(|s| s.is_some()).count());
         }
     }
 
@@ -264,9 +257,7 @@ impl<'t> Worker<'t> {
                 return;
             }
         };
-        self.m
-            .tokens_in
-            .fetch_add(req.prompt.len() as u64, Ordering::Relaxed);
+        self.m.tokens_in(req.prompt.len());
         self.slots[i] = Some(Slot {
             sampler,
             history: req.prompt.clone(),
@@ -285,7 +276,7 @@ impl<'t> Worker<'t> {
             return false;
         };
         if slot.req.events.is_closed() {
-            self.m.disconnects.fetch_add(1, Ordering::Relaxed);
+            self.m.disconnect();
             self.slots[i] = None;
             return false;
         }
@@ -412,7 +403,7 @@ impl<'t> Worker<'t> {
             }
         };
         slot.generated += 1;
-        self.m.tokens_out.fetch_add(1, Ordering::Relaxed);
+        self.m.token_out();
         let lp = slot.req.logprobs.map(|k| logprobs(logits, id, k));
         let mut finish = None;
         let mut text = String::new();

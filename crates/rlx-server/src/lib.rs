@@ -34,10 +34,11 @@ use crate::generation::{GenEvent, GenHandle, GenRequest};
 use crate::metrics::Metrics;
 use rlx::cpu::CpuOptions;
 use rlx::models::gguf_tokenizer::GgufTokenizer;
+use rlx::models::llama::MAX_DECODE_BATCH;
 use rlx::models::llama::{LlamaConfig, LlamaDevice, LlamaModel, LlamaWeights};
 use rlx::models::sampling::SamplerConfig;
 use rlx::models::tokenizer::BertTokenizer;
-use rlx::models::{EmbedOptions, SentenceEmbedder};
+use rlx::models::{CompiledPlan, EmbedOptions, SentenceEmbedder};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -107,6 +108,8 @@ pub(crate) struct EmbedState {
     pub handle: EmbedHandle,
     pub tokenizer: BertTokenizer,
     pub dim: usize,
+    /// The hybrid plan of the compiled shape the warm-up ran.
+    pub plans: Vec<CompiledPlan>,
 }
 
 /// The loaded language model, as the handlers see it.
@@ -117,6 +120,9 @@ pub(crate) struct LlmState {
     pub template: ChatTemplate,
     pub ctx: usize,
     pub vocab: usize,
+    /// The hybrid plans of the decode graphs (one sequence and the
+    /// batched ones the slots use), compiled before serving.
+    pub plans: Vec<CompiledPlan>,
 }
 
 /// Everything the handlers share.
@@ -158,8 +164,14 @@ fn load_embed(
         ..Default::default()
     };
     let seq_bucket = opts.seq_bucket;
-    let e = SentenceEmbedder::load_with(dir, opts)
+    let mut e = SentenceEmbedder::load_with(dir, opts)
         .map_err(|e| format!("--embed-model {}: {e}", dir.display()))?;
+    // The plan of one short input (the warm-up's shape: padded to one
+    // bucket), compiled here and then reused by the warm-up.
+    let seq = seq_bucket.clamp(1, e.config().max_position_embeddings.max(1));
+    let plans = vec![e
+        .plan_for(1, seq)
+        .map_err(|err| format!("--embed-model {}: {err}", dir.display()))?];
     let tokenizer = e.tokenizer().clone();
     let dim = e.dim();
     let (handle, join) = batcher::spawn(
@@ -188,6 +200,7 @@ fn load_embed(
             handle,
             tokenizer,
             dim,
+            plans,
         },
         join,
     ))
@@ -214,7 +227,15 @@ fn load_llm(
         threads: cfg.threads,
         ..Default::default()
     });
-    let model = LlamaModel::from_weights_on(w, ctx, device).map_err(|e| ctx_err(e.to_string()))?;
+    let mut model =
+        LlamaModel::from_weights_on(w, ctx, device).map_err(|e| ctx_err(e.to_string()))?;
+    // The batched decode graphs the slots use, compiled now (the worker
+    // would compile them first thing anyway) so that their plans can be
+    // shown (GET /v1/plans).
+    // A failure shows again, as a request error, at the first
+    // `decode_batch` of that size (as when the worker compiles them).
+    let _ = model.prepare_decode_batch(cfg.max_concurrent.min(MAX_DECODE_BATCH));
+    let plans = model.compiled_plans();
     let vocab = config.vocab;
     let tok = Arc::new(tok);
     let (handle, join) = generation::spawn(
@@ -260,6 +281,7 @@ fn load_llm(
             template,
             ctx,
             vocab,
+            plans,
         },
         join,
     ))
@@ -292,7 +314,7 @@ impl Server {
             .map_err(|e| format!("binding {}:{}: {e}", cfg.host, cfg.port))?;
         listener.set_nonblocking(true).map_err(|e| e.to_string())?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(Metrics::new());
         let state = Arc::new(State {
             cfg: cfg.clone(),
             metrics: metrics.clone(),
@@ -337,6 +359,7 @@ impl Server {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let app = api::router(state.clone());
         let signals = cfg.handle_signals;
+        let upkeep = metrics.clone();
         let http = std::thread::Builder::new()
             .name("rlx-http".into())
             .spawn(move || -> Result<(), String> {
@@ -348,6 +371,15 @@ impl Server {
                 rt.block_on(async move {
                     let listener =
                         tokio::net::TcpListener::from_std(listener).map_err(|e| e.to_string())?;
+                    // Histogram samples are drained into their buckets at
+                    // each scrape; this bounds them when nobody scrapes.
+                    tokio::spawn(async move {
+                        let mut every = tokio::time::interval(Duration::from_secs(5));
+                        loop {
+                            every.tick().await;
+                            upkeep.upkeep();
+                        }
+                    });
                     axum::serve(listener, app)
                         .with_graceful_shutdown(stop_signal(stop_rx, signals))
                         .await
@@ -428,7 +460,7 @@ impl Server {
             &mut self.state,
             Arc::new(State {
                 cfg: ServerConfig::default(),
-                metrics: Arc::new(Metrics::default()),
+                metrics: Arc::new(Metrics::new()),
                 ready: AtomicBool::new(false),
                 load_error: Mutex::new(None),
                 embed: OnceLock::new(),

@@ -180,9 +180,10 @@ fn floats(v: &Value) -> Vec<f32> {
 
 /// The `rlx generate` loop (prefill, greedy sampler, stop at the end of
 /// generation), as text.
-fn reference_greedy(prompt: &str, max_tokens: usize) -> String {
+/// The library's SmolLM2 (hybrid, CTX positions) and its tokenizer.
+fn reference_llm() -> &'static std::sync::Mutex<(LlamaModel, GgufTokenizer)> {
     static M: OnceLock<std::sync::Mutex<(LlamaModel, GgufTokenizer)>> = OnceLock::new();
-    let m = M.get_or_init(|| {
+    M.get_or_init(|| {
         let f = rlx::formats::GgufFile::open(smollm2()).unwrap();
         let tok = GgufTokenizer::from_gguf(&f).unwrap();
         let opts = rlx::cpu::CpuOptions {
@@ -190,8 +191,11 @@ fn reference_greedy(prompt: &str, max_tokens: usize) -> String {
             ..Default::default()
         };
         std::sync::Mutex::new((LlamaModel::load_with(smollm2(), CTX, opts).unwrap(), tok))
-    });
-    let mut g = m.lock().unwrap();
+    })
+}
+
+fn reference_greedy(prompt: &str, max_tokens: usize) -> String {
+    let mut g = reference_llm().lock().unwrap();
     let (model, tok) = &mut *g;
     let ids = tok.encode(prompt, tok.add_bos_default()).unwrap();
     let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
@@ -800,4 +804,209 @@ fn queue_full_429_disconnect_frees_the_slot_and_shutdown_drains() {
         TcpStream::connect(a).is_err(),
         "still accepting after shutdown"
     );
+}
+
+/// A plan from /v1/plans as the library's `CompiledPlan` figures: name,
+/// schedule length, counts, and every segment and range.
+type PlanFigures = (
+    String,
+    usize,
+    usize,
+    usize,
+    usize,
+    Vec<(u64, u64, u64)>,
+    Vec<(u64, u64)>,
+);
+
+fn plan_figures(p: &Value) -> PlanFigures {
+    let n = |v: &Value| v.as_u64().unwrap();
+    (
+        p["name"].as_str().unwrap().to_string(),
+        n(&p["nodes"]) as usize,
+        n(&p["compiled_segments"]) as usize,
+        n(&p["thunk_ranges"]) as usize,
+        n(&p["dispatches"]) as usize,
+        p["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (n(&s["first"]), n(&s["last"]), n(&s["nodes"])))
+            .collect(),
+        p["ranges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (n(&r["start"]), n(&r["end"])))
+            .collect(),
+    )
+}
+
+fn library_figures(p: &rlx::models::CompiledPlan) -> PlanFigures {
+    let r = &p.report;
+    (
+        p.name.clone(),
+        p.nodes,
+        r.compiled_segments,
+        r.thunk_ranges,
+        r.dispatches,
+        r.segments
+            .iter()
+            .map(|s| (s.first.0 as u64, s.last.0 as u64, s.nodes as u64))
+            .collect(),
+        r.ranges
+            .iter()
+            .map(|t| (t.start as u64, t.end as u64))
+            .collect(),
+    )
+}
+
+/// Segments and ranges lie inside the schedule, in order, without overlap,
+/// and their counts are the plan's.
+fn check_plan_shape(p: &PlanFigures) {
+    let (name, nodes, segs, ranges, _, s, r) = p;
+    assert_eq!(*segs, s.len(), "{name}");
+    assert_eq!(*ranges, r.len(), "{name}");
+    assert!(*segs >= 1, "{name}: no compiled segment in a hybrid plan");
+    let mut spans: Vec<(u64, u64)> = s.iter().map(|&(f, l, _)| (f, l + 1)).collect();
+    spans.extend(r.iter().copied());
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        assert!(w[0].1 <= w[1].0, "{name}: {:?} overlaps {:?}", w[0], w[1]);
+    }
+    for &(a, b) in &spans {
+        assert!(
+            a < b && b as usize <= *nodes,
+            "{name}: [{a}, {b}) in {nodes} nodes"
+        );
+    }
+}
+
+#[test]
+fn the_page_is_served_and_the_plans_are_the_libraries() {
+    if !have_models() {
+        return;
+    }
+    let a = shared();
+    let page = get(a, "/");
+    assert_eq!(page.status, 200);
+    assert!(
+        page.header("content-type")
+            .is_some_and(|c| c.starts_with("text/html")),
+        "{:?}",
+        page.headers
+    );
+    for id in [
+        "chat-input",
+        "chat-log",
+        "sim-input",
+        "sim-result",
+        "plans",
+        "/v1/plans",
+    ] {
+        assert!(page.body.contains(id), "the page has no {id}");
+    }
+    // Nothing fetched from elsewhere: the machine may be offline.
+    for ext in [
+        "src=\"http",
+        "href=\"http",
+        "src=\"//",
+        "href=\"//",
+        "@import",
+    ] {
+        assert!(!page.body.contains(ext), "the page loads {ext}...");
+    }
+    let j = get(a, "/v1/plans").json();
+    assert_eq!(j["ready"], true);
+    let data = j["data"].as_array().unwrap();
+    let kinds: Vec<&str> = data.iter().map(|m| m["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["embeddings", "generation"]);
+    assert_eq!(data[0]["model"], "all-minilm-l6-v2");
+    assert_eq!(data[1]["model"], "SmolLM2-135M-Instruct.Q4_1");
+    // The embedding plan: one input padded to the 16-token bucket, as the
+    // library compiles it.
+    let want = SentenceEmbedder::load(minilm())
+        .unwrap()
+        .plan_for(1, 16)
+        .unwrap();
+    let got: Vec<PlanFigures> = data[0]["plans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(plan_figures)
+        .collect();
+    assert_eq!(got, vec![library_figures(&want)]);
+    check_plan_shape(&got[0]);
+    // The decode plans: one sequence and the batched graphs of 1..=4
+    // slots (config().max_concurrent), as the library compiles them.
+    let want: Vec<PlanFigures> = {
+        let mut g = reference_llm().lock().unwrap();
+        g.0.prepare_decode_batch(4).unwrap();
+        g.0.compiled_plans()
+            .iter()
+            .filter(|p| p.name.starts_with("decode"))
+            .map(library_figures)
+            .collect()
+    };
+    let got: Vec<PlanFigures> = data[1]["plans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(plan_figures)
+        .collect();
+    let names: Vec<&str> = got.iter().map(|p| p.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "decode",
+            "decode_batch 1",
+            "decode_batch 2",
+            "decode_batch 3",
+            "decode_batch 4"
+        ]
+    );
+    assert_eq!(got, want);
+    for p in &got {
+        check_plan_shape(p);
+    }
+    // Attention stays on thunks in the decode graph: some range says why.
+    let decode = &data[1]["plans"][0];
+    assert!(
+        decode["ranges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["ops"].as_array().unwrap())
+            .any(|o| o["op"] == "Attention" && !o["reason"].as_str().unwrap().is_empty()),
+        "{decode}"
+    );
+}
+
+#[test]
+fn with_only_an_embedding_model_the_plans_list_only_it() {
+    if !have_models() {
+        return;
+    }
+    let s = Server::start(ServerConfig {
+        llm: None,
+        ..config()
+    })
+    .unwrap();
+    s.wait_ready(Duration::from_secs(120)).unwrap();
+    let a = s.addr();
+    let j = get(a, "/v1/plans").json();
+    assert_eq!(j["ready"], true);
+    let data = j["data"].as_array().unwrap();
+    assert_eq!(data.len(), 1, "{j}");
+    assert_eq!(data[0]["kind"], "embeddings");
+    assert_eq!(get(a, "/").status, 200);
+    let m = get(a, "/metrics").body;
+    assert!(
+        m.contains("rlx_requests_total{endpoint=\"/v1/plans\",status=\"200\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("rlx_requests_total{endpoint=\"/\",status=\"200\"} 1"),
+        "{m}"
+    );
+    s.shutdown().unwrap();
 }

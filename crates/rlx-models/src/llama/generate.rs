@@ -229,6 +229,54 @@ impl LlamaModel {
         }
     }
 
+    /// The plans of the graphs this model holds compiled now, in this
+    /// order: `decode` (one sequence), `decode_batch N` for each batched
+    /// decode graph compiled so far (see
+    /// [`prepare_decode_batch`](Self::prepare_decode_batch)), and the last
+    /// prefill graph, `prefill N` (N prompt tokens) or `extend N`.
+    pub fn compiled_plans(&self) -> Vec<crate::CompiledPlan> {
+        let plan = |name: String, nodes: usize, m: &dyn Executable| crate::CompiledPlan {
+            name,
+            nodes,
+            report: m.report().clone(),
+        };
+        let phase_name = |p: &Phase| match p {
+            Phase::Prefill { seq_len } => format!("prefill {seq_len}"),
+            Phase::Extend { seq_len } => format!("extend {seq_len}"),
+            Phase::Decode => "decode".to_string(),
+            Phase::DecodeBatch { batch } => format!("decode_batch {batch}"),
+        };
+        let mut out = Vec::new();
+        match &self.engine {
+            Engine::Cpu {
+                decode,
+                prefill,
+                batch,
+                ..
+            } => {
+                out.push(plan("decode".into(), decode.graph().len(), decode));
+                for (n, m) in batch.iter().enumerate() {
+                    if let Some(m) = m {
+                        out.push(plan(format!("decode_batch {n}"), m.graph().len(), m));
+                    }
+                }
+                if let Some((p, m)) = prefill {
+                    out.push(plan(phase_name(p), m.graph().len(), m));
+                }
+            }
+            #[cfg(feature = "cuda")]
+            Engine::Cuda {
+                decode, prefill, ..
+            } => {
+                out.push(plan("decode".into(), decode.graph().len(), decode));
+                if let Some((p, m)) = prefill {
+                    out.push(plan(phase_name(p), m.graph().len(), m));
+                }
+            }
+        }
+        out
+    }
+
     /// Device operations (kernel launches, gemms, copies) per decode step,
     /// inside CUDA graphs included: `Some` on CUDA after the first decode.
     pub fn decode_device_ops(&self) -> Option<usize> {
