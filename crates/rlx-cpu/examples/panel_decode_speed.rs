@@ -3,7 +3,9 @@
 //! (q, k, v, o, gate, up, down) and a Q8_0 head of 49152 rows, about
 //! 90 MB, so each step streams them from memory as a real decode does.
 //! Runs in a rayon pool of `THREADS` (default 2) workers; `ACT=int8` for
-//! 8-bit activations (default f32). A timing aid; asserts nothing.
+//! 8-bit activations (default f32); `ROWS` activation rows (default 1: a
+//! decode step; more: a batched decode step). A timing aid; asserts
+//! nothing.
 use rlx_cpu::kernels::quant_panels::QuantPanels;
 use rlx_ir::{ActivationPrecision, QuantScheme};
 use std::time::Instant;
@@ -63,23 +65,33 @@ fn run(act: ActivationPrecision) {
     let head = gguf(QuantScheme::Q8_0, vocab, d, 99);
     mats.push(QuantPanels::pack(QuantScheme::Q8_0, &head, vocab, d).unwrap());
     let bytes: usize = mats.iter().map(|m| m.bytes()).sum();
-    let x: Vec<f32> = (0..ff)
+    let rows: usize = std::env::var("ROWS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1);
+    let x: Vec<f32> = (0..rows * ff)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
         .collect();
-    let mut out = vec![0f32; vocab];
+    let mut out = vec![0f32; rows * vocab];
     let mut times = Vec::new();
     for _ in 0..30 {
         let t0 = Instant::now();
         for m in &mats {
-            m.matmul(act, &x[..m.k()], 1, &mut out[..m.n()], true)
-                .unwrap();
+            m.matmul(
+                act,
+                &x[..rows * m.k()],
+                rows,
+                &mut out[..rows * m.n()],
+                true,
+            )
+            .unwrap();
         }
         times.push(t0.elapsed().as_secs_f64() * 1e3);
     }
     times.sort_by(|a, b| a.total_cmp(b));
     let med = times[times.len() / 2];
     println!(
-        "{act:?}: {} matmuls, {:.1} MB of panels: median {med:.3} ms per step ({:.1} GB/s), min {:.3} (out[0] {:.4})",
+        "{act:?} x {rows} rows: {} matmuls, {:.1} MB of panels: median {med:.3} ms per step ({:.1} GB/s), min {:.3} (out[0] {:.4})",
         mats.len(),
         bytes as f64 / 1e6,
         bytes as f64 / med / 1e6,

@@ -437,9 +437,11 @@ impl QuantPanels {
         unsafe { std::slice::from_raw_parts(rec.as_ptr().cast::<u8>(), per * 64) }
     }
 
-    /// The `F32` definition the vector kernel matches bit for bit: per
-    /// block, the products of each 4-element group (low nibbles then high
-    /// nibbles per element) fused into one block sum in lane order.
+    /// The `F32` definition the vector kernels match bit for bit: per
+    /// block, the products fused into two sums in group order, the low
+    /// nibbles' and the high nibbles' (Q8_0: even and odd 4-element
+    /// groups), then added: two dependency chains instead of one, which
+    /// one activation row (decode) otherwise waits on.
     fn panel_scalar_f32(&self, m: usize, x: &[f32], sums: &[f32], p: usize, out: *mut f32) {
         let qb = self.kind.qs_bytes();
         let half = |bytes: &[u8], i: usize| f16_at(&bytes[i..]);
@@ -450,18 +452,21 @@ impl QuantPanels {
                 let xb = &x[(c * self.nb + b) * QK..][..QK];
                 let sx = sums[c * self.nb + b];
                 for (r, a) in acc.iter_mut().enumerate() {
-                    let mut bs = 0.0f32;
+                    // Two chains (low / high nibbles; Q8_0: even / odd
+                    // groups), added at the end of the block.
+                    let mut s = [0.0f32; 2];
                     for j in 0..qb / 64 {
                         for t in 0..4 {
                             let byte = rec[j * 64 + r * 4 + t];
                             if self.kind == Kind::Q8_0 {
-                                bs = f32::from(byte as i8).mul_add(xb[4 * j + t], bs);
+                                s[j % 2] = f32::from(byte as i8).mul_add(xb[4 * j + t], s[j % 2]);
                             } else {
-                                bs = f32::from(byte & 15).mul_add(xb[4 * j + t], bs);
-                                bs = f32::from(byte >> 4).mul_add(xb[16 + 4 * j + t], bs);
+                                s[0] = f32::from(byte & 15).mul_add(xb[4 * j + t], s[0]);
+                                s[1] = f32::from(byte >> 4).mul_add(xb[16 + 4 * j + t], s[1]);
                             }
                         }
                     }
+                    let mut bs = s[0] + s[1];
                     if self.kind == Kind::Q4_0 {
                         bs -= 8.0 * sx;
                     }
@@ -831,7 +836,7 @@ mod vnni {
                 prefetch(a, rec0.add(q * stride), qb / 64 + 1);
             }
             let x = a.x.add(b * QK);
-            let mut bs = [_mm512_setzero_ps(); P];
+            let mut bs = [[_mm512_setzero_ps(); 2]; P];
             if KIND == Q8_0 {
                 for j in 0..8 {
                     let mut v = [_mm512_setzero_si512(); P];
@@ -843,7 +848,7 @@ mod vnni {
                         for q in 0..P {
                             let up = _mm512_sllv_epi32(v[q], _mm512_set1_epi32(24 - 8 * t as i32));
                             let wv = _mm512_cvtepi32_ps(_mm512_srai_epi32::<24>(up));
-                            bs[q] = _mm512_fmadd_ps(wv, xv, bs[q]);
+                            bs[q][j % 2] = _mm512_fmadd_ps(wv, xv, bs[q][j % 2]);
                         }
                     }
                 }
@@ -861,8 +866,8 @@ mod vnni {
                             let sh = _mm512_srlv_epi32(v[q], _mm512_set1_epi32(8 * t as i32 + 4));
                             let lo = _mm512_permutexvar_ps(sl, table);
                             let hi = _mm512_permutexvar_ps(sh, table);
-                            bs[q] = _mm512_fmadd_ps(lo, xl, bs[q]);
-                            bs[q] = _mm512_fmadd_ps(hi, xh, bs[q]);
+                            bs[q][0] = _mm512_fmadd_ps(lo, xl, bs[q][0]);
+                            bs[q][1] = _mm512_fmadd_ps(hi, xh, bs[q][1]);
                         }
                     }
                 }
@@ -871,7 +876,7 @@ mod vnni {
             for q in 0..P {
                 let rec = rec0.add(q * stride);
                 let dw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(qb) as *const __m256i));
-                let mut v = bs[q];
+                let mut v = _mm512_add_ps(bs[q][0], bs[q][1]);
                 if KIND == Q4_0 {
                     v = _mm512_sub_ps(v, _mm512_set1_ps(8.0 * sx));
                 }
@@ -907,7 +912,7 @@ mod vnni {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
             }
             let xat = |c: usize, e: usize| _mm512_set1_ps(*a.x.add(((c0 + c) * a.nb + b) * QK + e));
-            let mut bs = [_mm512_setzero_ps(); C];
+            let mut bs = [[_mm512_setzero_ps(); 2]; C];
             if KIND == Q8_0 {
                 for j in 0..8 {
                     let v = _mm512_load_si512(rec.add(64 * j) as *const _);
@@ -915,7 +920,8 @@ mod vnni {
                         let up = _mm512_sllv_epi32(v, _mm512_set1_epi32(24 - 8 * t as i32));
                         let wv = _mm512_cvtepi32_ps(_mm512_srai_epi32::<24>(up));
                         for c in 0..C {
-                            bs[c] = _mm512_fmadd_ps(wv, xat(c, 4 * j + t as usize), bs[c]);
+                            bs[c][j % 2] =
+                                _mm512_fmadd_ps(wv, xat(c, 4 * j + t as usize), bs[c][j % 2]);
                         }
                     }
                 }
@@ -928,8 +934,9 @@ mod vnni {
                         let lo = _mm512_permutexvar_ps(sl, table);
                         let hi = _mm512_permutexvar_ps(sh, table);
                         for c in 0..C {
-                            bs[c] = _mm512_fmadd_ps(lo, xat(c, 4 * j + t as usize), bs[c]);
-                            bs[c] = _mm512_fmadd_ps(hi, xat(c, 16 + 4 * j + t as usize), bs[c]);
+                            bs[c][0] = _mm512_fmadd_ps(lo, xat(c, 4 * j + t as usize), bs[c][0]);
+                            bs[c][1] =
+                                _mm512_fmadd_ps(hi, xat(c, 16 + 4 * j + t as usize), bs[c][1]);
                         }
                     }
                 }
@@ -937,7 +944,7 @@ mod vnni {
             let dw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(qb) as *const __m256i));
             for c in 0..C {
                 let sx = *a.s.add((c0 + c) * a.nb + b);
-                let mut v = bs[c];
+                let mut v = _mm512_add_ps(bs[c][0], bs[c][1]);
                 if KIND == Q4_0 {
                     v = _mm512_sub_ps(v, _mm512_set1_ps(8.0 * sx));
                 }
@@ -1163,7 +1170,7 @@ mod avx2 {
                 let h = h0 + hh;
                 let xat =
                     |c: usize, e: usize| _mm256_set1_ps(*a.x.add(((c0 + c) * a.nb + b) * QK + e));
-                let mut bs = [_mm256_setzero_ps(); C];
+                let mut bs = [[_mm256_setzero_ps(); 2]; C];
                 if KIND == Q8_0 {
                     for j in 0..8 {
                         let v = _mm256_load_si256(rec.add(64 * j + 32 * h) as *const __m256i);
@@ -1171,7 +1178,8 @@ mod avx2 {
                             let up = _mm256_sllv_epi32(v, _mm256_set1_epi32(24 - 8 * t as i32));
                             let wv = _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(up));
                             for c in 0..C {
-                                bs[c] = _mm256_fmadd_ps(wv, xat(c, 4 * j + t as usize), bs[c]);
+                                bs[c][j % 2] =
+                                    _mm256_fmadd_ps(wv, xat(c, 4 * j + t as usize), bs[c][j % 2]);
                             }
                         }
                     }
@@ -1186,8 +1194,10 @@ mod avx2 {
                                 low,
                             ));
                             for c in 0..C {
-                                bs[c] = _mm256_fmadd_ps(lo, xat(c, 4 * j + t as usize), bs[c]);
-                                bs[c] = _mm256_fmadd_ps(hi, xat(c, 16 + 4 * j + t as usize), bs[c]);
+                                bs[c][0] =
+                                    _mm256_fmadd_ps(lo, xat(c, 4 * j + t as usize), bs[c][0]);
+                                bs[c][1] =
+                                    _mm256_fmadd_ps(hi, xat(c, 16 + 4 * j + t as usize), bs[c][1]);
                             }
                         }
                     }
@@ -1195,7 +1205,7 @@ mod avx2 {
                 let dw = halves(rec, qb + 16 * h);
                 for c in 0..C {
                     let sx = *a.s.add((c0 + c) * a.nb + b);
-                    let mut v = bs[c];
+                    let mut v = _mm256_add_ps(bs[c][0], bs[c][1]);
                     if KIND == Q4_0 {
                         v = _mm256_sub_ps(v, _mm256_set1_ps(8.0 * sx));
                     }
