@@ -30,6 +30,17 @@ class GraphError(RlxError):
 class ExecutionError(RlxError):
     """Compiling or running a model failed."""
 
+class DeviceError(RlxError):
+    """The requested device cannot be used: no CUDA backend in this build,
+    the CUDA libraries or a CUDA device missing, or an ordinal out of range."""
+
+HAS_CUDA: bool
+"""Whether this build has the CUDA backend (``maturin build --features cuda``)."""
+
+def cuda_device_count() -> int:
+    """CUDA devices this build can use: 0 without the CUDA backend, or when
+    the CUDA libraries or a device are missing."""
+
 class SentenceEmbedder:
     """A sentence-transformers BERT model (e.g. all-MiniLM-L6-v2).
 
@@ -47,7 +58,8 @@ class SentenceEmbedder:
         """Load ``model``: "minilm" (fetched into ``$RLX_MODELS_DIR`` or
         ``~/.cache/rlx/models`` on first use) or a model directory.
         ``device``: "cpu" or "cuda[:N]" (CUDA needs a wheel built with
-        ``--features cuda``). ``threads``: CPU worker threads (None: one per
+        ``--features cuda``; :class:`DeviceError` when the device cannot be
+        used). ``threads``: CPU worker threads (None: one per
         core). ``precision``: "f32"; "bf16" (bf16 matmuls, f32
         accumulation); "f16" (CPU: f16 weight storage, f32 products; CUDA:
         f16 matmuls)."""
@@ -118,8 +130,11 @@ class LlamaModel:
         int8_activations: bool = False,
     ) -> None:
         """Load ``gguf``: "smollm2" (SmolLM2-135M-Instruct Q4_1, fetched on
-        first use) or a ``.gguf`` path. ``ctx``: KV-cache positions.
-        ``int8_activations``: llama.cpp-style 8-bit activations (faster,
+        first use) or a ``.gguf`` path. ``device``: "cpu" or "cuda[:N]"
+        (CUDA needs a wheel built with ``--features cuda``;
+        :class:`DeviceError` when the device cannot be used). ``ctx``:
+        KV-cache positions. ``threads``: CPU worker threads (None: one per
+        core; not used on CUDA). ``int8_activations``: llama.cpp-style 8-bit activations (faster,
         looser numerics)."""
 
     def generate(
@@ -249,7 +264,8 @@ class Graph:
         threads: int | None = None,
         params: Mapping[str, npt.NDArray[Any]] | None = None,
     ) -> Session:
-        """Verify and compile; the graph stays usable."""
+        """Verify and compile; the graph stays usable. ``device``: "cpu" or
+        "cuda[:N]" (:class:`DeviceError` when it cannot be used)."""
     def dump(self) -> str:
         """The graph as text."""
     def __len__(self) -> int:

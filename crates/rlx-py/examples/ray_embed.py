@@ -70,6 +70,7 @@ def embed_parquet(
     num_cpus_per_worker: float | None = None,
     io_num_cpus: float = 0.25,
     num_gpus: float = 0,
+    num_blocks: int | None = None,
 ) -> None:
     """Read Parquet from ``src``, embed ``column`` on ``concurrency`` actors
     in batches of ``batch_size`` rows, write Parquet to ``dst``.
@@ -78,11 +79,19 @@ def embed_parquet(
     ``num_cpus_per_worker`` CPUs (default: as many as its threads); the read
     and write tasks reserve ``io_num_cpus`` each. Leave room for them: actors
     that reserve every CPU of the cluster starve the reads and the pipeline
-    waits forever (e.g. 2 actors x 1 CPU on ``ray.init(num_cpus=2)``)."""
+    waits forever (e.g. 2 actors x 1 CPU on ``ray.init(num_cpus=2)``).
+
+    ``num_blocks``: repartition the input into this many blocks before the
+    actors (None: as read). Each block goes to one actor, and Ray Data
+    reads a small input (a few MB) as a single block, so all but one actor
+    would sit idle: give at least ``concurrency`` blocks for a small
+    corpus."""
     import ray
 
     io = {"num_cpus": io_num_cpus}
-    ds = ray.data.read_parquet(src, ray_remote_args=io)
+    ds = ray.data.read_parquet(src, num_cpus=io_num_cpus)
+    if num_blocks is not None:
+        ds = ds.repartition(num_blocks)
     extra: dict[str, Any] = {"num_gpus": num_gpus} if num_gpus else {}
     ds = ds.map_batches(
         RlxEmbedder,
@@ -123,6 +132,9 @@ def main() -> None:
     p.add_argument("--num-cpus-per-worker", type=float, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--num-gpus", type=float, default=0, help="GPUs per actor")
+    p.add_argument("--num-blocks", type=int, default=None,
+                   help="repartition the input into this many blocks (default: as read; "
+                        "at least --concurrency for a small input)")
     p.add_argument("--address", default=None, help="Ray cluster address (default: local)")
     p.add_argument("--num-cpus", type=int, default=None, help="local Ray only")
     a = p.parse_args()
@@ -144,6 +156,7 @@ def main() -> None:
         threads_per_worker=a.threads_per_worker,
         num_cpus_per_worker=a.num_cpus_per_worker,
         num_gpus=a.num_gpus,
+        num_blocks=a.num_blocks,
     )
 
 

@@ -299,15 +299,16 @@ impl PySentenceEmbedder {
     }
 }
 
-/// The embedder device for a parsed device and precision.
+/// The embedder device for a parsed device and precision: on CUDA, checks
+/// the device first ([`crate::check_cuda`]) and compiles hybrid (CUDA-graph
+/// segments) with `prec` as the arithmetic.
 #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
 fn embed_device(cuda: Option<usize>, prec: &str) -> PyResult<EmbedDevice> {
     match cuda {
         None => Ok(EmbedDevice::Cpu),
         #[cfg(feature = "cuda")]
         Some(i) => {
-            rlx::cuda::cuda_available()
-                .map_err(|e| crate::RlxError::new_err(format!("device cuda:{i}: {e}")))?;
+            crate::check_cuda(i)?;
             let precision = match prec {
                 "bf16" => rlx::Precision::Bf16,
                 "f16" => rlx::Precision::F16,
@@ -321,8 +322,8 @@ fn embed_device(cuda: Option<usize>, prec: &str) -> PyResult<EmbedDevice> {
             }))
         }
         #[cfg(not(feature = "cuda"))]
-        Some(_) => Err(crate::RlxError::new_err(
-            "this build of rlx has no CUDA backend",
-        )),
+        Some(i) => Err(crate::DeviceError::new_err(format!(
+            "device cuda:{i}: this build of rlx has no CUDA backend"
+        ))),
     }
 }

@@ -338,7 +338,8 @@ impl PyGraph {
         self.g.name.clone()
     }
 
-    /// Verify and compile for `device` ("cpu"), in `mode` "hybrid" (compiled
+    /// Verify and compile for `device` ("cpu", or "cuda[:N]" in a wheel built
+    /// with `--features cuda`; `DeviceError` when it cannot be used), in `mode` "hybrid" (compiled
     /// segments between thunk ranges) or "thunks" (one dispatch per op);
     /// `params` binds weights by name (more can be set later with
     /// `Session.set_param`). The graph stays usable.
@@ -363,9 +364,16 @@ impl PyGraph {
         let dev = match crate::parse_device(device)? {
             None => Device::Cpu,
             #[cfg(feature = "cuda")]
-            Some(i) => Device::Cuda(i),
+            Some(i) => {
+                crate::check_cuda(i)?;
+                Device::Cuda(i)
+            }
             #[cfg(not(feature = "cuda"))]
-            Some(_) => unreachable!("parse_device refuses cuda without the feature"),
+            Some(i) => {
+                return Err(crate::DeviceError::new_err(format!(
+                    "device cuda:{i}: this build of rlx has no CUDA backend"
+                )))
+            }
         };
         let threads = match threads {
             Some(t) if t < 1 => {

@@ -49,6 +49,13 @@ pyo3::create_exception!(
 );
 pyo3::create_exception!(
     rlx,
+    DeviceError,
+    RlxError,
+    "The requested device cannot be used: this build has no CUDA backend, the CUDA libraries or a \
+     CUDA device are missing, or the device ordinal is out of range."
+);
+pyo3::create_exception!(
+    rlx,
     ExecutionError,
     RlxError,
     "Compiling or running a model failed (bad inputs to a run, memory limit, non-finite output)."
@@ -181,6 +188,10 @@ pub(crate) fn check_threads(threads: Option<usize>) -> PyResult<Option<usize>> {
 }
 
 /// A device string: `"cpu"`, `"cuda"` or `"cuda:N"`; `Some(ordinal)` for CUDA.
+///
+/// Only parses: a malformed string is a `ValueError`; a CUDA device in a
+/// build without the `cuda` feature is a [`DeviceError`]. Whether the
+/// device exists is checked by [`check_cuda`] when a model is loaded.
 pub(crate) fn parse_device(device: &str) -> PyResult<Option<usize>> {
     let d = device.trim().to_ascii_lowercase();
     if d == "cpu" {
@@ -194,13 +205,47 @@ pub(crate) fn parse_device(device: &str) -> PyResult<Option<usize>> {
     };
     match ordinal {
         Some(i) if cfg!(feature = "cuda") => Ok(Some(i)),
-        Some(_) => Err(RlxError::new_err(format!(
+        Some(_) => Err(DeviceError::new_err(format!(
             "device={device:?}: this build of rlx has no CUDA backend (build the wheel with \
-             `maturin build --features cuda`)"
+             `maturin build --release --features cuda`)"
         ))),
         None => Err(pyo3::exceptions::PyValueError::new_err(format!(
             "device={device:?}: expected \"cpu\", \"cuda\" or \"cuda:N\""
         ))),
+    }
+}
+
+/// Check that CUDA device `ordinal` can be used: the driver, NVRTC and
+/// cuBLAS libraries load and the device exists. A [`DeviceError`] saying
+/// what is missing otherwise (e.g. "no CUDA device" on a machine without a
+/// GPU); never panics.
+#[cfg(feature = "cuda")]
+pub(crate) fn check_cuda(ordinal: usize) -> PyResult<()> {
+    let n = rlx::cuda::cuda_available().map_err(|e| {
+        DeviceError::new_err(format!("device cuda:{ordinal}: no usable CUDA device: {e}"))
+    })?;
+    if ordinal >= n {
+        return Err(DeviceError::new_err(format!(
+            "device cuda:{ordinal}: out of range, this machine has {n} CUDA device(s) \
+             (cuda:0 to cuda:{})",
+            n - 1
+        )));
+    }
+    Ok(())
+}
+
+/// How many CUDA devices this build of rlx can use: 0 when it was built
+/// without the `cuda` feature, or when the CUDA libraries or a device are
+/// missing.
+#[pyfunction]
+fn cuda_device_count() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        rlx::cuda::cuda_available().unwrap_or(0)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        0
     }
 }
 
@@ -213,6 +258,9 @@ fn rlx_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ModelLoadError", py.get_type::<ModelLoadError>())?;
     m.add("GraphError", py.get_type::<GraphError>())?;
     m.add("ExecutionError", py.get_type::<ExecutionError>())?;
+    m.add("DeviceError", py.get_type::<DeviceError>())?;
+    m.add("HAS_CUDA", cfg!(feature = "cuda"))?;
+    m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_class::<embed::PySentenceEmbedder>()?;
     m.add_class::<llama::PyLlamaModel>()?;
     m.add_class::<llama::PyTextStream>()?;

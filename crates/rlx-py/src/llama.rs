@@ -322,7 +322,9 @@ impl PyLlamaModel {
     /// Load a GGUF model: "smollm2" (SmolLM2-135M-Instruct Q4_1, fetched on
     /// first use as `rlx fetch smollm2` does) or the path of a `.gguf` file.
     ///
-    /// `device`: "cpu" (CUDA generation from Python is not wired yet).
+    /// `device`: "cpu", or "cuda[:N]" in a wheel built with `--features cuda`
+    /// (weights and KV caches on the GPU, each decode step one CUDA graph;
+    /// a machine without a usable GPU raises `DeviceError`).
     /// `ctx`: KV-cache positions (prompt plus generated tokens), 1 to the
     /// model's context length. `threads`: CPU worker threads (None: one per
     /// core). `int8_activations`: round matmul activations to 8-bit blocks as
@@ -341,12 +343,7 @@ impl PyLlamaModel {
             Some(m) => crate::path_arg(m, "gguf")?,
             None => "smollm2".to_string(),
         };
-        if crate::parse_device(device)?.is_some() {
-            return Err(RlxError::new_err(format!(
-                "device={device:?}: LlamaModel runs on the CPU from Python (use the rlx CLI's \
-                 `generate --device cuda`)"
-            )));
-        }
+        let cuda = crate::parse_device(device)?;
         let threads = match threads {
             Some(t) if t < 1 => {
                 return Err(PyValueError::new_err(format!(
@@ -362,6 +359,8 @@ impl PyLlamaModel {
             )));
         }
         let ctx = ctx as usize;
+        // The device is checked before the model is read.
+        let device = llama_device(cuda, threads)?;
         let path = crate::resolve_model(
             &spec,
             "smollm2",
@@ -396,11 +395,6 @@ impl PyLlamaModel {
                     ActivationPrecision::F32
                 };
                 let template = ChatTemplate::from_gguf(&f, &tok).map_err(load)?;
-                let device = LlamaDevice::Cpu(CpuOptions {
-                    hybrid: true,
-                    threads,
-                    ..Default::default()
-                });
                 let model = LlamaModel::from_weights_on(w, ctx, device).map_err(err)?;
                 Ok(Inner {
                     model,
@@ -650,5 +644,32 @@ impl PyTextStream {
     #[getter]
     fn generated_tokens(&self) -> PyResult<usize> {
         Ok(lock(&self.gen, "TextStream")?.generated)
+    }
+}
+
+/// The generation backend: the CPU (hybrid, `threads` workers) or, for
+/// `Some(ordinal)`, that CUDA device after [`crate::check_cuda`] (hybrid:
+/// the whole decode step is one CUDA graph; `threads` does not apply).
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+fn llama_device(cuda: Option<usize>, threads: Option<usize>) -> PyResult<LlamaDevice> {
+    match cuda {
+        None => Ok(LlamaDevice::Cpu(CpuOptions {
+            hybrid: true,
+            threads,
+            ..Default::default()
+        })),
+        #[cfg(feature = "cuda")]
+        Some(i) => {
+            crate::check_cuda(i)?;
+            Ok(LlamaDevice::Cuda(rlx::cuda::CudaOptions {
+                device: i,
+                hybrid: true,
+                ..Default::default()
+            }))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Some(i) => Err(crate::DeviceError::new_err(format!(
+            "device cuda:{i}: this build of rlx has no CUDA backend"
+        ))),
     }
 }

@@ -2,10 +2,14 @@
 embedding equals the single-process result, no row lost or duplicated.
 
 Opt-in: needs `ray` (scripts/python/run.sh installs it, pinned, with
-RLX_PY_RAY=1); skipped when ray is not installed. Status: does not pass
-yet. With ray 2.60 on `ray.init(num_cpus=2)` the reads finish (3000 rows)
-but the first map_batches call had not returned after 5 minutes on a
-loaded 2-core machine (only one of the two actors had started).
+RLX_PY_RAY=1); skipped when ray is not installed.
+
+The 3,000 rows (three small files) would be read into one block, which
+only one actor can take: the other actor idled and the whole corpus went
+through one single-threaded actor (ray 2.60 warns "the operator only
+received 1 input(s)"), several minutes on a loaded 2-core machine, which
+looked like a stall (it passes in 3.5-4.5 minutes here). The test
+repartitions it into 6 blocks (``num_blocks``) so both actors can work.
 """
 
 from __future__ import annotations
@@ -71,7 +75,12 @@ def test_ray_pipeline_matches_single_process(tmp_path, local_ray, embedder):
     # 2-CPU Ray: with 2 x 1 (or 2 x 0.75) CPU reserved by the actors the
     # pipeline waited forever, so each actor reserves 0.5.
     ex.embed_parquet(
-        str(src), str(dst), concurrency=2, batch_size=250, num_cpus_per_worker=0.5
+        str(src),
+        str(dst),
+        concurrency=2,
+        batch_size=250,
+        num_cpus_per_worker=0.5,
+        num_blocks=6,
     )
 
     table, emb = ex.read_embeddings(str(dst))
