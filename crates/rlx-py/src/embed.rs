@@ -208,7 +208,9 @@ impl PySentenceEmbedder {
     /// `texts`: a list (or any iterable) of str, a 1-D numpy array of
     /// strings, or a pyarrow string array. Texts are truncated to the
     /// model's maximum length as sentence-transformers does. `batch_size`
-    /// (1 to 1024): texts per model run. `normalize`: L2-normalize each row
+    /// (1 to 1024): texts per model run; texts are batched longest first
+    /// (as sentence-transformers does, so a batch pads little) and the rows
+    /// come back in the input order. `normalize`: L2-normalize each row
     /// (otherwise the mean-pooled token states). `show_progress`: print
     /// `rlx encode: k/n` to stderr. The GIL is released while the model runs.
     #[pyo3(signature = (texts, batch_size = 32, normalize = true, show_progress = false))]
@@ -231,17 +233,23 @@ impl PySentenceEmbedder {
         let flat = py.detach(move || {
             guarded("SentenceEmbedder.encode", || {
                 let mut m = lock(inner, "SentenceEmbedder")?;
-                let mut flat = Vec::with_capacity(n * dim);
-                for (b, chunk) in texts.chunks(batch_size as usize).enumerate() {
-                    let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+                // Longest texts first, as sentence-transformers batches: a
+                // batch pads to its longest text, so similar lengths
+                // together pad least. Rows go back to the callers' order.
+                let mut order: Vec<usize> = (0..n).collect();
+                order.sort_by_key(|&i| std::cmp::Reverse(texts[i].chars().count()));
+                let mut flat = vec![0f32; n * dim];
+                let mut put = |i: usize, v: &[f32]| flat[i * dim..(i + 1) * dim].copy_from_slice(v);
+                for (b, chunk) in order.chunks(batch_size as usize).enumerate() {
+                    let refs: Vec<&str> = chunk.iter().map(|&i| texts[i].as_str()).collect();
                     if normalize {
-                        for v in m.embed(&refs).map_err(model_err)? {
-                            flat.extend_from_slice(&v);
+                        for (&i, v) in chunk.iter().zip(m.embed(&refs).map_err(model_err)?) {
+                            put(i, &v);
                         }
                     } else {
                         let (_, tokens) = m.embed_with_tokens(&refs).map_err(model_err)?;
-                        for t in tokens {
-                            flat.extend(mean_pool(&t, dim));
+                        for (&i, t) in chunk.iter().zip(tokens) {
+                            put(i, &mean_pool(&t, dim));
                         }
                     }
                     if show_progress {
