@@ -201,20 +201,6 @@ fn compile(g: &rlx::ir::Graph, hybrid: bool, threads: Option<usize>) -> Result<C
     .map_err(|e| e.to_string())
 }
 
-fn report_json(r: &PlanReport) -> serde_json::Value {
-    json!({
-        "segments": r.segments.iter().map(|s| json!({
-            "nodes": s.nodes, "first": s.first.0, "last": s.last.0,
-            "boundary_inputs": s.boundary_inputs.iter().map(|n| n.0).collect::<Vec<_>>(),
-            "boundary_outputs": s.boundary_outputs.iter().map(|n| n.0).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-        "ranges": r.ranges.iter().map(|t| json!({
-            "start": t.start, "end": t.end,
-            "ops": t.ops.iter().map(|o| json!({"node": o.node.0, "op": o.op, "reason": o.reason})).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-    })
-}
-
 /// The llama graph of a GGUF file: decode for `seq == 1`, else prefill.
 fn gguf_graph(a: &PlanArgs) -> Result<rlx::ir::Graph, String> {
     use rlx::models::llama::{build_graph, LlamaConfig, LlamaWeights, Phase};
@@ -297,7 +283,9 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
             "dequant_activations": dequant_activations(&g),
             "passes": passes.as_ref().map(|p| json!(p.passes)).unwrap_or(json!({})),
         });
-        if let (Some(obj), serde_json::Value::Object(extra)) = (v.as_object_mut(), report_json(r)) {
+        if let (Some(obj), serde_json::Value::Object(extra)) =
+            (v.as_object_mut(), rlx::models::plan_layout_json(r))
+        {
             obj.extend(extra);
         }
         if let (Some(obj), serde_json::Value::Object(extra)) = (v.as_object_mut(), planned.extra) {

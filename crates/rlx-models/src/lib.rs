@@ -43,3 +43,22 @@ pub struct CompiledPlan {
     /// range stayed out of a segment.
     pub report: rlx_runtime::hybrid::PlanReport,
 }
+
+/// A plan's layout as JSON, the form `rlx plan --json` and `GET /v1/plans`
+/// share: `segments` (`nodes`, `first`, `last`, `boundary_inputs`,
+/// `boundary_outputs`) and thunk `ranges` (`start`, `end`, and each op's
+/// `node`, `op` and `reason`).
+pub fn plan_layout_json(r: &rlx_runtime::hybrid::PlanReport) -> serde_json::Value {
+    use serde_json::json;
+    json!({
+        "segments": r.segments.iter().map(|s| json!({
+            "nodes": s.nodes, "first": s.first.0, "last": s.last.0,
+            "boundary_inputs": s.boundary_inputs.iter().map(|n| n.0).collect::<Vec<_>>(),
+            "boundary_outputs": s.boundary_outputs.iter().map(|n| n.0).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "ranges": r.ranges.iter().map(|t| json!({
+            "start": t.start, "end": t.end,
+            "ops": t.ops.iter().map(|o| json!({"node": o.node.0, "op": o.op, "reason": o.reason})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}

@@ -215,23 +215,19 @@ async fn page() -> Response {
 /// the schedule length they index.
 fn plan_json(p: &rlx::models::CompiledPlan) -> Value {
     let r = &p.report;
-    json!({
-        "name": p.name,
-        "nodes": p.nodes,
-        "compiled_segments": r.compiled_segments,
-        "thunk_ranges": r.thunk_ranges,
-        "dispatches": r.dispatches,
-        "dispatches_thunks_only": r.dispatches_thunks_only,
-        "segments": r.segments.iter().map(|s| json!({
-            "nodes": s.nodes, "first": s.first.0, "last": s.last.0,
-            "boundary_inputs": s.boundary_inputs.iter().map(|n| n.0).collect::<Vec<_>>(),
-            "boundary_outputs": s.boundary_outputs.iter().map(|n| n.0).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-        "ranges": r.ranges.iter().map(|t| json!({
-            "start": t.start, "end": t.end,
-            "ops": t.ops.iter().map(|o| json!({"node": o.node.0, "op": o.op, "reason": o.reason})).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-    })
+    let mut v = rlx::models::plan_layout_json(r);
+    if let Value::Object(o) = &mut v {
+        o.insert("name".into(), json!(p.name));
+        o.insert("nodes".into(), json!(p.nodes));
+        o.insert("compiled_segments".into(), json!(r.compiled_segments));
+        o.insert("thunk_ranges".into(), json!(r.thunk_ranges));
+        o.insert("dispatches".into(), json!(r.dispatches));
+        o.insert(
+            "dispatches_thunks_only".into(),
+            json!(r.dispatches_thunks_only),
+        );
+    }
+    v
 }
 
 /// `GET /v1/plans`: each loaded model's kind (`embeddings` or

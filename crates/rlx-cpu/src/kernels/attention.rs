@@ -159,6 +159,64 @@ fn key_range(kind: MaskKind, i: usize, sq: usize, sk: usize) -> (usize, usize) {
     }
 }
 
+/// Raw `q . k` scores of keys `lo..lo + sc.len()` for query row `i` of
+/// batch `b`, head `h`, in place: scale, softcap, then the mask (a masked
+/// key becomes `-inf`, a bias adds).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn adjust_scores<M: simd::Fma>(
+    p: &AttentionParams,
+    mask: &AttnMask<'_>,
+    sc: &mut [f32],
+    b: usize,
+    h: usize,
+    i: usize,
+    lo: usize,
+) {
+    let hi = lo + sc.len();
+    for s in sc.iter_mut() {
+        *s *= p.scale;
+    }
+    if let Some(c) = p.softcap {
+        let inv = 1.0 / c;
+        for s in sc.iter_mut() {
+            *s = c * simd::tanh_m::<M>(*s * inv);
+        }
+    }
+    let sk = p.seq_k;
+    match *mask {
+        AttnMask::KeepF32(m) => {
+            for (s, &keep) in sc.iter_mut().zip(&m[b * sk + lo..b * sk + hi]) {
+                if keep == 0.0 {
+                    *s = f32::NEG_INFINITY;
+                }
+            }
+        }
+        AttnMask::KeepU8(m) => {
+            for (s, &keep) in sc.iter_mut().zip(&m[b * sk + lo..b * sk + hi]) {
+                if keep == 0 {
+                    *s = f32::NEG_INFINITY;
+                }
+            }
+        }
+        AttnMask::Bias { data, dims } => {
+            let st = bias_strides(dims);
+            let base = b * st[0] + h * st[1] + i * st[2];
+            if st[3] == 0 {
+                let add = data[base];
+                for s in sc.iter_mut() {
+                    *s += add;
+                }
+            } else {
+                for (s, &add) in sc.iter_mut().zip(&data[base + lo..base + hi]) {
+                    *s += add;
+                }
+            }
+        }
+        AttnMask::None => {}
+    }
+}
+
 simd_dispatch! {
     /// Turn one block's raw `q . k` rows (`scores`, `rows x nk`, keys
     /// `klo..klo+nk`) into normalized probabilities: scale, softcap, mask,
@@ -175,10 +233,6 @@ simd_dispatch! {
         klo: usize,
     ) {
         let (sq, sk) = (p.seq_q, p.seq_k);
-        let bias = match *mask {
-            AttnMask::Bias { data, dims } => Some((data, bias_strides(dims))),
-            _ => None,
-        };
         // No mask operand (callers pass `None` when every key of the window
         // is kept), no softcap, positive scale: the single-pass form below.
         let plain = matches!(mask, AttnMask::None) && p.softcap.is_none() && p.scale > 0.0;
@@ -212,45 +266,7 @@ simd_dispatch! {
                     continue;
                 }
             }
-            for s in sc.iter_mut() {
-                *s *= p.scale;
-            }
-            if let Some(c) = p.softcap {
-                let inv = 1.0 / c;
-                for s in sc.iter_mut() {
-                    *s = c * simd::tanh_m::<M>(*s * inv);
-                }
-            }
-            match *mask {
-                AttnMask::KeepF32(m) => {
-                    for (s, &keep) in sc.iter_mut().zip(&m[b * sk + lo..b * sk + hi]) {
-                        if keep == 0.0 {
-                            *s = f32::NEG_INFINITY;
-                        }
-                    }
-                }
-                AttnMask::KeepU8(m) => {
-                    for (s, &keep) in sc.iter_mut().zip(&m[b * sk + lo..b * sk + hi]) {
-                        if keep == 0 {
-                            *s = f32::NEG_INFINITY;
-                        }
-                    }
-                }
-                _ => {}
-            }
-            if let Some((data, st)) = bias {
-                let base = b * st[0] + h * st[1] + i * st[2];
-                if st[3] == 0 {
-                    let add = data[base];
-                    for s in sc.iter_mut() {
-                        *s += add;
-                    }
-                } else {
-                    for (s, &add) in sc.iter_mut().zip(&data[base + lo..base + hi]) {
-                        *s += add;
-                    }
-                }
-            }
+            adjust_scores::<M>(p, mask, sc, b, h, i, lo);
             let m = simd::max_slice(sc);
             if m == f32::NEG_INFINITY {
                 sc.fill(0.0);
@@ -342,44 +358,7 @@ simd_dispatch! {
                 }
             }
             if m == f32::NEG_INFINITY {
-                for s in sc.iter_mut() {
-                    *s *= p.scale;
-                }
-                if let Some(c) = p.softcap {
-                    let inv = 1.0 / c;
-                    for s in sc.iter_mut() {
-                        *s = c * simd::tanh_m::<M>(*s * inv);
-                    }
-                }
-                match *mask {
-                    AttnMask::KeepF32(keep) => {
-                        for (s, &kp) in sc.iter_mut().zip(&keep[j0..j0 + n]) {
-                            if kp == 0.0 {
-                                *s = f32::NEG_INFINITY;
-                            }
-                        }
-                    }
-                    AttnMask::KeepU8(keep) => {
-                        for (s, &kp) in sc.iter_mut().zip(&keep[j0..j0 + n]) {
-                            if kp == 0 {
-                                *s = f32::NEG_INFINITY;
-                            }
-                        }
-                    }
-                    AttnMask::Bias { data, dims } => {
-                        let st = bias_strides(dims);
-                        let base = h * st[1];
-                        if st[3] == 0 {
-                            let add = data[base];
-                            sc.iter_mut().for_each(|s| *s += add);
-                        } else {
-                            for (s, &add) in sc.iter_mut().zip(&data[base + j0..base + j0 + n]) {
-                                *s += add;
-                            }
-                        }
-                    }
-                    AttnMask::None => {}
-                }
+                adjust_scores::<M>(p, mask, sc, 0, h, 0, j0);
                 m = simd::max_slice(sc);
                 if m == f32::NEG_INFINITY {
                     slot.fill(0.0);
