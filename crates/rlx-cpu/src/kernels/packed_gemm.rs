@@ -418,14 +418,23 @@ pub fn gemm_packed_with(
 /// [`PANELS_PER_TASK`] panels. With several threads there are at least
 /// [`TASKS_PER_THREAD`] tasks per thread and the task count is a multiple
 /// of the thread count; rows and panels are spread evenly (block sizes
-/// differ by at most one micro-tile or one panel), so every thread gets the
-/// same work instead of one thread finishing a short row block early.
+/// differ by at most one micro-tile or one panel unit), so every thread
+/// gets the same work instead of one thread finishing a short row block
+/// early.
+///
+/// AMX jobs split in units of 32 rows and of panel pairs: a tile block is
+/// 32 x 32, and a group holding one panel of a pair would run it on the
+/// `vdpbf16ps` tiles instead. When the columns run out of pairs before
+/// every thread has its tasks, the rows split further (down to one
+/// granule per block).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Partition {
     m: usize,
     /// Row blocks start on multiples of this (the micro-tile height).
     granule: usize,
     panels: usize,
+    /// Panel groups start on multiples of this many panels.
+    panel_unit: usize,
     row_blocks: usize,
     groups: usize,
 }
@@ -435,19 +444,28 @@ const TASKS_PER_THREAD: usize = 4;
 
 impl Partition {
     fn new(m: usize, panels: usize, threads: usize, granule: usize) -> Partition {
-        let row_blocks = m.div_ceil(MC).max(1);
-        let mut groups = panels.div_ceil(PANELS_PER_TASK).max(1);
+        let panel_unit = if granule == 32 { 2 } else { 1 };
+        let units = panels.div_ceil(panel_unit).max(1);
+        let mut row_blocks = m.div_ceil(MC).max(1);
+        let mut groups = panels.div_ceil(PANELS_PER_TASK).max(1).min(units);
         if threads > 1 {
-            groups = groups.max((threads * TASKS_PER_THREAD).div_ceil(row_blocks));
-            while !(row_blocks * groups).is_multiple_of(threads) && groups < panels {
+            let want = threads * TASKS_PER_THREAD;
+            groups = groups.max(want.div_ceil(row_blocks)).min(units);
+            if panel_unit > 1 && row_blocks * groups < want {
+                row_blocks = want
+                    .div_ceil(groups)
+                    .min(m.div_ceil(granule))
+                    .max(row_blocks);
+            }
+            while !(row_blocks * groups).is_multiple_of(threads) && groups < units {
                 groups += 1;
             }
-            groups = groups.min(panels.max(1));
         }
         Partition {
             m,
             granule,
             panels,
+            panel_unit,
             row_blocks,
             groups,
         }
@@ -463,7 +481,8 @@ impl Partition {
         let unit = self.granule;
         let tiles = self.m.div_ceil(unit);
         let row = |b: usize| (tiles * b / self.row_blocks * unit).min(self.m);
-        let panel = |g: usize| self.panels * g / self.groups;
+        let units = self.panels.div_ceil(self.panel_unit);
+        let panel = |g: usize| (units * g / self.groups * self.panel_unit).min(self.panels);
         ((row(rb), row(rb + 1)), (panel(g), panel(g + 1)))
     }
 }
@@ -1618,16 +1637,23 @@ mod tests {
                         }
                     }
                     assert!(seen.iter().all(|&x| x == 1), "{p:?} misses or repeats");
-                    if threads > 1 && p.groups < panels {
+                    if threads > 1 && p.groups < panels.div_ceil(p.panel_unit) {
                         assert_eq!(p.tasks() % threads, 0, "{p:?} threads {threads}");
                     }
+                    if granule == 32 {
+                        // AMX groups hold whole panel pairs (bar a trailing odd panel).
+                        for t in 0..p.tasks() {
+                            let (_, (p0, p1)) = p.task(t);
+                            assert!(p0 % 2 == 0 && ((p1 - p0) % 2 == 0 || p1 == panels), "{p:?}");
+                        }
+                    }
                     if threads > 1 && m >= 16 && panels >= 24 {
-                        let most = p.row_blocks * panels;
+                        let most = p.row_blocks * panels.div_ceil(p.panel_unit);
                         assert!(p.tasks() >= (threads * TASKS_PER_THREAD).min(most), "{p:?}");
                         // Every task within one micro-tile row block and one panel of the largest.
                         let big = sizes.iter().max().unwrap();
                         let small = sizes.iter().min().unwrap();
-                        let slack = (granule + MC.min(m)) * (panels / p.groups + 1);
+                        let slack = (granule + MC.min(m)) * (panels / p.groups + p.panel_unit);
                         assert!(big - small <= slack, "{p:?}: {small}..{big}");
                     }
                 }
