@@ -5,7 +5,11 @@ bench/results/minilm_cpu_xeon_t{2,8,16}.json, written by bench/minilm_ort.py
 through bench/cpu_device_run.sh) and SmolLM2 rlx / llama.cpp (from
 bench/results/smollm2_xeon.json, written by bench/smollm2_device.sh).
 
-    bench/.venv/bin/python bench/plot_cpu_xeon.py   # writes bench/results/cpu_xeon.{md,png}
+    bench/.venv/bin/python bench/plot_cpu_xeon.py   # writes bench/results/cpu_xeon.png
+
+It prints the table; bench/results/cpu_xeon.md keeps every session's tables
+(with the commit each was measured at), so the printed one is pasted there
+by hand rather than overwriting the history.
 """
 import json
 from pathlib import Path
@@ -113,7 +117,7 @@ def plot(minilm, smol, path: Path) -> None:
 
 def main():
     minilm, smol = load()
-    (RES / "cpu_xeon.md").write_text(table(minilm, smol))
+    print(table(minilm, smol))
     plot(minilm, smol, RES / "cpu_xeon.png")
     print(f"wrote {RES}/cpu_xeon.{{md,png}}")
 
