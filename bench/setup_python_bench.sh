@@ -2,7 +2,7 @@
 # Creates bench/.venv-pybench for bench/python_embed.py: the rlx wheel
 # (built here with maturin, release profile, as `pip install
 # ./crates/rlx-py` builds it), sentence-transformers on torch (CPU), and
-# fastembed, every version pinned. Idempotent: reuses the venv and only
+# fastembed, and Ray Data for bench/python_ray.py, every version pinned. Idempotent: reuses the venv and only
 # installs what is missing; RLX_PYBENCH_REBUILD=1 rebuilds the rlx wheel.
 # Also writes target/fastembed-minilm (bench/minilm_fastembed_dir.py), the
 # local model directory fastembed runs from. Needs the fetched MiniLM
@@ -30,6 +30,8 @@ pins=(
   "safetensors==0.8.0"
   "fastembed==0.9.1"
   "onnx==1.23.2"
+  "ray[data]==2.60.0"
+  "pyarrow==26.0.1"
 )
 
 if [ ! -x "$venv/bin/python" ]; then
