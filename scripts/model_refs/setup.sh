@@ -31,7 +31,16 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip install --quiet)
-if ! "$venv/bin/python" - <<'PY'
+if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+  if curl -sS --max-time 20 -o /dev/null https://download.pytorch.org/whl/cpu/torch/ 2>/dev/null; then
+    "${pip[@]}" --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple "$torch_pin"
+  else
+    echo "[model_refs] download.pytorch.org is unreachable: PyPI's torch (with CUDA runtime packages, run on the CPU)"
+    "${pip[@]}" "$torch_pin"
+  fi
+fi
+"${pip[@]}" "$torch_pin" "${pins[@]}"
+"$venv/bin/python" - <<'PY'
 from importlib.metadata import version
 print("[model_refs] ok:", ", ".join(f"{p} {version(p)}" for p in
       ("torch", "transformers", "sentence-transformers", "gguf", "numpy")))
