@@ -119,7 +119,7 @@ def main():
     minilm, smol = load()
     print(table(minilm, smol))
     plot(minilm, smol, RES / "cpu_xeon.png")
-    print(f"wrote {RES}/cpu_xeon.{{md,png}}")
+    print(f"wrote {RES}/cpu_xeon.png")
 
 
 if __name__ == "__main__":
