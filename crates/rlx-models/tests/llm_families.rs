@@ -216,3 +216,41 @@ fn unsupported_architecture_is_named() {
         assert!(msg.contains(a), "{msg} should list {a}");
     }
 }
+
+/// The references exercise what each family adds: with the feature turned
+/// off in the loaded config, rlx no longer matches (so the parity above is
+/// not vacuous).
+#[test]
+fn each_family_feature_changes_the_logits() {
+    use rlx_models::llama::{FfnAct, LlamaWeights};
+    let off = |family: &str, edit: &dyn Fn(&mut LlamaConfig)| -> f32 {
+        let f = GgufFile::open(dir(family).join("model.gguf")).unwrap();
+        let mut cfg = LlamaConfig::from_gguf(&f).unwrap();
+        let mut w = LlamaWeights::load(&f, &cfg).unwrap();
+        edit(&mut cfg);
+        if !cfg.block.rope_freqs {
+            w.tensors.remove(rlx_models::llama::ROPE_FREQS);
+        }
+        let w = LlamaWeights { config: cfg, ..w };
+        let mut m = LlamaModel::from_weights(w, 64, CpuOptions::default()).unwrap();
+        let case = &cases(family)[2];
+        let l = m.prefill(&case.prompt).unwrap();
+        l.iter()
+            .zip(&case.last)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max)
+    };
+    let checks: [(&str, &str, &dyn Fn(&mut LlamaConfig)); 6] = [
+        ("llama3", "rope_freqs", &|c| c.block.rope_freqs = false),
+        ("gemma3", "sliding window", &|c| c.block.sliding_window = None),
+        ("gemma3", "local rope base", &|c| c.block.rope_theta_swa = c.rope_theta),
+        ("gemma3", "final softcap", &|c| c.block.final_softcap = None),
+        ("gemma3", "GELU-tanh", &|c| c.block.ffn_act = FfnAct::Silu),
+        ("qwen3", "attention scale", &|c| c.block.attn_scale = Some(0.1)),
+    ];
+    for (family, what, edit) in checks {
+        let d = off(family, edit);
+        println!("{family} without {what}: last logits differ by {d:.3}");
+        assert!(d > 1e-2, "{family}: turning off {what} changed nothing ({d})");
+    }
+}
