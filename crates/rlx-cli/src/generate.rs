@@ -295,7 +295,7 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         logits = model.decode(id).map_err(|e| e.to_string())?;
     }
     let rest = stream
-        .map(|s| s.finish().unwrap_or_default())
+        .map(|mut s| s.finish().unwrap_or_default())
         .unwrap_or_default();
     if a.json {
         text.push_str(&rest);

@@ -242,15 +242,24 @@ fn each_family_feature_changes_the_logits() {
     };
     let checks: [(&str, &str, &dyn Fn(&mut LlamaConfig)); 6] = [
         ("llama3", "rope_freqs", &|c| c.block.rope_freqs = false),
-        ("gemma3", "sliding window", &|c| c.block.sliding_window = None),
-        ("gemma3", "local rope base", &|c| c.block.rope_theta_swa = c.rope_theta),
+        ("gemma3", "sliding window", &|c| {
+            c.block.sliding_window = None
+        }),
+        ("gemma3", "local rope base", &|c| {
+            c.block.rope_theta_swa = c.rope_theta
+        }),
         ("gemma3", "final softcap", &|c| c.block.final_softcap = None),
         ("gemma3", "GELU-tanh", &|c| c.block.ffn_act = FfnAct::Silu),
-        ("qwen3", "attention scale", &|c| c.block.attn_scale = Some(0.1)),
+        ("qwen3", "attention scale", &|c| {
+            c.block.attn_scale = Some(0.1)
+        }),
     ];
     for (family, what, edit) in checks {
         let d = off(family, edit);
         println!("{family} without {what}: last logits differ by {d:.3}");
-        assert!(d > 1e-2, "{family}: turning off {what} changed nothing ({d})");
+        assert!(
+            d > 1e-2,
+            "{family}: turning off {what} changed nothing ({d})"
+        );
     }
 }
