@@ -240,7 +240,8 @@ fn each_family_feature_changes_the_logits() {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max)
     };
-    let checks: [(&str, &str, &dyn Fn(&mut LlamaConfig)); 6] = [
+    type Edit<'a> = &'a dyn Fn(&mut LlamaConfig);
+    let checks: [(&str, &str, Edit); 6] = [
         ("llama3", "rope_freqs", &|c| c.block.rope_freqs = false),
         ("gemma3", "sliding window", &|c| {
             c.block.sliding_window = None
