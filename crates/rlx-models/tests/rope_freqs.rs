@@ -1,8 +1,10 @@
 //! `Rope` with its optional third input, per-pair frequency divisors (Llama
 //! 3 rope scaling): the CPU thunk and the hybrid plan (where the Rope stays
 //! a thunk) against the reference interpreter and a hand-written f64
-//! formula, both pairing styles; a divisor input of the wrong shape is a
-//! verify error naming the expected shape.
+//! formula, both pairing styles; a divisor input of the wrong shape is an
+//! error naming the expected shape.
+
+#![allow(clippy::needless_range_loop)]
 
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_ir::{DType, Graph, Op, RopeStyle, Shape, Tensor};
