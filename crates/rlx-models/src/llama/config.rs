@@ -307,6 +307,19 @@ impl LlamaConfig {
         if context_length == Some(0) {
             return Err(bad("context_length", &0, "a positive integer".into()));
         }
+        // Rope scaling other than Llama 3's `rope_freqs.weight` (e.g. the
+        // linear factor of Gemma 3 4B+ global layers) is refused rather
+        // than ignored.
+        if f.metadata(&key("rope.scaling.type")).is_some() {
+            let t = f.get_str(&key("rope.scaling.type"))?;
+            if t != "none" {
+                return Err(bad(
+                    "rope.scaling.type",
+                    &t,
+                    "none (only Llama 3 rope scaling, as rope_freqs.weight, is supported)".into(),
+                ));
+            }
+        }
         let mut block = BlockOptions::llama(n_layers);
         block.rope_freqs = f.tensor_info("rope_freqs.weight").is_some();
         if let Some(v) = opt_float("attention.scale")? {
