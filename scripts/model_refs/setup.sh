@@ -24,6 +24,7 @@ pins=(
   "gguf==0.19.0"
   "sentencepiece==0.2.3"
   "protobuf==7.36.2"
+  "accelerate==1.16.0"  # transformers needs it to load GGUF files (gguf_file=)
 )
 
 if [ ! -x "$venv/bin/python" ]; then

@@ -76,8 +76,27 @@ fn load(
     device: LlamaDevice,
     act: ActivationPrecision,
 ) -> Result<(LlamaModel, GgufTokenizer), String> {
+    let (model, tok) = load_model(path, ctx_flag, ctx, device, act, true)?;
+    Ok((model, tok?))
+}
+
+/// [`load`]; unless `need_tok`, the tokenizer's error is handed back
+/// beside the model (a model run from token ids needs no tokenizer).
+fn load_model(
+    path: &PathBuf,
+    ctx_flag: &str,
+    ctx: usize,
+    device: LlamaDevice,
+    act: ActivationPrecision,
+    need_tok: bool,
+) -> Result<(LlamaModel, Result<GgufTokenizer, String>), String> {
     let f = rlx::formats::GgufFile::open(path).map_err(|e| e.to_string())?;
-    let tok = GgufTokenizer::from_gguf(&f).map_err(|e| e.to_string())?;
+    let tok = GgufTokenizer::from_gguf(&f).map_err(|e| e.to_string());
+    if need_tok {
+        if let Err(e) = &tok {
+            return Err(e.clone());
+        }
+    }
     let cfg = LlamaConfig::from_gguf(&f).map_err(|e| e.to_string())?;
     checks::ctx(ctx_flag, ctx, cfg.context_length, &cfg.arch)?;
     cfg.check_ctx(ctx)
@@ -91,8 +110,14 @@ fn load(
 /// Arguments of `rlx generate`.
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// The prompt (no chat template is applied).
-    prompt: String,
+    /// The prompt (no chat template is applied unless `--chat`).
+    #[arg(required_unless_present = "prompt_ids")]
+    prompt: Option<String>,
+    /// The prompt as token ids, comma-separated (e.g. `5,17,200`), fed to
+    /// the model as they are: no tokenizer is needed (`text` is empty in
+    /// `--json` when the file has none) and none is applied.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt", "chat"])]
+    prompt_ids: Option<Vec<u32>>,
     /// A llama-architecture GGUF file (default: the fetched SmolLM2-135M-Instruct Q4_1).
     #[arg(long)]
     model: Option<PathBuf>,
@@ -172,13 +197,27 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
     )?;
     let path = resolve_model(&a.model)?;
     let device = llama_device(a.device, a.mode, a.threads)?;
-    let (mut model, tok) = load(
-        &path,
-        "--ctx",
-        a.ctx,
-        device,
-        activations(a.int8_activations),
-    )?;
+    let (mut model, tok) = if a.prompt_ids.is_some() {
+        // Token ids need no tokenizer: use the file's when it has one.
+        let (m, t) = load_model(
+            &path,
+            "--ctx",
+            a.ctx,
+            device,
+            activations(a.int8_activations),
+            false,
+        )?;
+        (m, t.ok())
+    } else {
+        let (m, t) = load(
+            &path,
+            "--ctx",
+            a.ctx,
+            device,
+            activations(a.int8_activations),
+        )?;
+        (m, Some(t))
+    };
     let mut sampler = Sampler::new(SamplerConfig {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -187,25 +226,37 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         seed: a.seed,
     })
     .map_err(|e| e.to_string())?;
-    let prompt = if a.chat {
-        let f = rlx::formats::GgufFile::open(&path).map_err(|e| e.to_string())?;
-        let t = rlx_server::chat::ChatTemplate::from_gguf(&f, &tok)?;
-        let text = t.render(&[rlx_server::chat::Message {
-            role: "user".into(),
-            content: a.prompt.clone(),
-        }])?;
-        // The template writes the BOS text itself where the model wants one.
-        tok.encode(&text, false).map_err(|e| e.to_string())?
-    } else {
-        tok.encode(&a.prompt, tok.add_bos_default())
-            .map_err(|e| e.to_string())?
+    let prompt = match (&a.prompt_ids, &tok, &a.prompt) {
+        (Some(ids), _, _) => {
+            if let Some(&id) = ids.iter().find(|&&id| id as usize >= model.config().vocab) {
+                return Err(format!(
+                    "--prompt-ids: token id {id} is out of range for a vocabulary of {}",
+                    model.config().vocab
+                ));
+            }
+            ids.clone()
+        }
+        (None, Some(tok), Some(text)) if a.chat => {
+            let f = rlx::formats::GgufFile::open(&path).map_err(|e| e.to_string())?;
+            let t = rlx_server::chat::ChatTemplate::from_gguf(&f, tok)?;
+            let text = t.render(&[rlx_server::chat::Message {
+                role: "user".into(),
+                content: text.clone(),
+            }])?;
+            // The template writes the BOS text itself where the model wants one.
+            tok.encode(&text, false).map_err(|e| e.to_string())?
+        }
+        (None, Some(tok), Some(text)) => tok
+            .encode(text, tok.add_bos_default())
+            .map_err(|e| e.to_string())?,
+        _ => return Err("give a prompt or --prompt-ids".into()),
     };
     if prompt.is_empty() {
-        return Err("the prompt encodes to no tokens".into());
+        return Err("the prompt encodes to no tokens (or --prompt-ids is empty)".into());
     }
     checks::max_tokens(a.max_tokens, prompt.len(), a.ctx)?;
     let mut history = prompt.clone();
-    let mut stream = tok.stream_decoder();
+    let mut stream = tok.as_ref().map(|t| t.stream_decoder());
     let mut out = std::io::stdout().lock();
     let t0 = Instant::now();
     let mut logits = model.prefill(&prompt).map_err(|e| e.to_string())?;
@@ -222,11 +273,15 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
             ids.push(id);
             tops.push(top_logits(&logits, a.top_logits));
         }
-        if tok.is_end_of_generation(id) {
+        if tok.as_ref().is_some_and(|t| t.is_end_of_generation(id)) {
             break;
         }
         history.push(id);
-        if let Some(piece) = stream.push(id).map_err(|e| e.to_string())? {
+        let piece = match stream.as_mut() {
+            Some(s) => s.push(id).map_err(|e| e.to_string())?,
+            None => None,
+        };
+        if let Some(piece) = piece {
             if a.json {
                 text.push_str(&piece);
             } else {
@@ -239,7 +294,9 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         }
         logits = model.decode(id).map_err(|e| e.to_string())?;
     }
-    let rest = stream.finish().unwrap_or_default();
+    let rest = stream
+        .map(|mut s| s.finish().unwrap_or_default())
+        .unwrap_or_default();
     if a.json {
         text.push_str(&rest);
         let obj = serde_json::json!({"prompt_ids": prompt, "ids": ids, "text": text,

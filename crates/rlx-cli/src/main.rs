@@ -41,7 +41,7 @@ pub enum DeviceArg {
 enum Cmd {
     /// Download and verify model files (calls pip; see scripts/fetch_models.py).
     Fetch {
-        /// minilm, smollm2, qwen2 (not in all) or all.
+        /// minilm, smollm2, qwen2 or gemma3 (these two not in all) or all.
         #[arg(default_value = "all")]
         which: String,
     },

@@ -123,6 +123,9 @@ impl SegmentCompiler for FusedCompiler {
                 .into())
             }
             Op::Rope { .. } if !ids_ok(1) => return Err("Rope positions are not i32/i64".into()),
+            Op::Rope { .. } if n.inputs.len() > 2 => {
+                return Err("Rope with frequency divisors (a third input) is not fused".into())
+            }
             _ => {}
         }
         let f32s = n.shape.dtype == DType::F32
@@ -667,6 +670,7 @@ impl FusedPlan {
                         n_rot: *n_rot,
                         theta: *theta,
                         style: *style,
+                        freqs: None,
                     };
                     (
                         Some(FOp::Rope {

@@ -237,7 +237,17 @@ pub fn infer_shape(op: &Op, inputs: &[Shape]) -> R {
         Op::Rope {
             head_dim, n_rot, ..
         } => {
-            arity(inputs, 2)?;
+            if inputs.len() == 3 {
+                let f = &inputs[2];
+                if f.dtype != DType::F32 || f.dims != [n_rot / 2] {
+                    return Err(format!(
+                        "expected frequency divisors f32 [{}] (n_rot / 2), got {f}",
+                        n_rot / 2
+                    ));
+                }
+            } else {
+                arity(inputs, 2)?;
+            }
             let (x, pos) = (&inputs[0], &inputs[1]);
             float(x, "x")?;
             if x.rank() != 3 || *head_dim == 0 || x.dims[2] % head_dim != 0 {

@@ -13,7 +13,9 @@
 //!   then softcap `c * tanh(s / c)` if set, then the mask, then softmax over keys.
 //!   Query head `h` reads kv head `h / (Hq / Hkv)`. A query row whose keys are
 //!   all masked outputs zeros. With `Bias`, masked means `-inf` in the bias.
-//! - `Rope`: for pair index `i < n_rot/2`, angle `pos * theta^(-2i/n_rot)`;
+//! - `Rope`: for pair index `i < n_rot/2`, angle `pos * theta^(-2i/n_rot)`
+//!   (divided by `f[i]` when a third input `f`, f32 `[n_rot/2]`, is given:
+//!   Llama 3's rope scaling, llama.cpp's `rope_freqs`);
 //!   NeoX rotates `(x[i], x[i + n_rot/2])`, GPT-J rotates `(x[2i], x[2i+1])`;
 //!   `(a, b) -> (a cos - b sin, a sin + b cos)`. Dims `n_rot..head_dim` pass through.
 //! - `Cast`: float to integer truncates toward zero and saturates (Rust `as`);
@@ -390,8 +392,10 @@ pub enum Op {
         /// Concatenation axis.
         axis: usize,
     },
-    /// Rotary position embedding. Inputs: x `[B, S, H*head_dim]` and integer
-    /// positions `[S]` or `[B, S]`. Only the first `n_rot` dims of each head rotate.
+    /// Rotary position embedding. Inputs: x `[B, S, H*head_dim]`, integer
+    /// positions `[S]` or `[B, S]`, and optionally per-pair frequency
+    /// divisors f32 `[n_rot/2]` (pair `i`'s angle is divided by `f[i]`).
+    /// Only the first `n_rot` dims of each head rotate.
     Rope {
         /// Dims per head.
         head_dim: usize,

@@ -295,7 +295,15 @@ fn eval_node(
             n_rot,
             theta,
             style,
-        } => seq::rope(ins[0], ins[1], *head_dim, *n_rot, *theta, *style),
+        } => seq::rope(
+            ins[0],
+            ins[1],
+            ins.get(2).copied(),
+            *head_dim,
+            *n_rot,
+            *theta,
+            *style,
+        ),
         Op::Attention {
             num_heads,
             head_dim,

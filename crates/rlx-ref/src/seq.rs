@@ -8,6 +8,7 @@ use rlx_ir::{contiguous_strides, MaskKind, RopeStyle};
 pub(crate) fn rope(
     x: &Value,
     pos: &Value,
+    freqs: Option<&Value>,
     head_dim: usize,
     n_rot: usize,
     theta: f32,
@@ -19,6 +20,10 @@ pub(crate) fn rope(
     let per_batch = pos.dims.len() == 2;
     let half = n_rot / 2;
     let theta = f64::from(theta);
+    let divisors: Vec<f64> = match freqs {
+        Some(f) => f.floats().into_owned(),
+        None => vec![1.0; half],
+    };
     let mut out = x.floats().into_owned();
     for bi in 0..b {
         for si in 0..s {
@@ -26,7 +31,7 @@ pub(crate) fn rope(
             for h in 0..heads {
                 let base = (bi * s + si) * width + h * head_dim;
                 for i in 0..half {
-                    let angle = position * theta.powf(-2.0 * i as f64 / n_rot as f64);
+                    let angle = position * theta.powf(-2.0 * i as f64 / n_rot as f64) / divisors[i];
                     let (sin, cos) = angle.sin_cos();
                     let (ia, ib) = match style {
                         RopeStyle::NeoX => (base + i, base + i + half),

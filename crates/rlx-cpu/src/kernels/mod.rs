@@ -622,11 +622,16 @@ pub fn run_op(
             let pos = index_in(name, &inputs[1], 1)?;
             let o = f32_out(name, &mut out)?;
             let d = dims(0);
+            let freqs = match inputs.get(2) {
+                Some(_) => Some(std::sync::Arc::from(f32_in(name, &inputs[2], 2)?)),
+                None => None,
+            };
             let spec = rope::RopeSpec {
                 head_dim: *head_dim,
                 n_rot: *n_rot,
                 theta: *theta,
                 style: *style,
+                freqs,
             };
             rope::rope(&spec, x, d[0], d[1], &pos, o)
         }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 const OP: &str = "Rope";
 
 /// Rope attributes.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RopeSpec {
     /// Dims per head.
     pub head_dim: usize,
@@ -25,10 +25,25 @@ pub struct RopeSpec {
     pub theta: f32,
     /// Pairing style.
     pub style: RopeStyle,
+    /// Per-pair frequency divisors (`n_rot / 2` of them; Llama 3 rope
+    /// scaling): pair `i`'s angle is divided by `freqs[i]`.
+    pub freqs: Option<Arc<[f32]>>,
 }
 
 impl RopeSpec {
     fn check(&self) -> Result<(), KernelError> {
+        if let Some(f) = &self.freqs {
+            if f.len() != self.n_rot / 2 {
+                return Err(bad_shape(
+                    OP,
+                    format!(
+                        "{} frequency divisors, expected n_rot / 2 = {}",
+                        f.len(),
+                        self.n_rot / 2
+                    ),
+                ));
+            }
+        }
         if self.head_dim == 0 || self.n_rot > self.head_dim || !self.n_rot.is_multiple_of(2) {
             return Err(bad_shape(
                 OP,
@@ -46,7 +61,14 @@ impl RopeSpec {
 pub fn rope_tables(spec: &RopeSpec, positions: &[i64]) -> (Vec<f32>, Vec<f32>) {
     let half = spec.n_rot / 2;
     let inv: Vec<f64> = (0..half)
-        .map(|i| (spec.theta as f64).powf(-2.0 * i as f64 / spec.n_rot as f64))
+        .map(|i| {
+            let div = spec
+                .freqs
+                .as_ref()
+                .and_then(|f| f.get(i))
+                .map_or(1.0, |&d| f64::from(d));
+            (spec.theta as f64).powf(-2.0 * i as f64 / spec.n_rot as f64) / div
+        })
         .collect();
     let mut cos = Vec::with_capacity(positions.len() * half);
     let mut sin = Vec::with_capacity(positions.len() * half);
@@ -63,6 +85,7 @@ pub fn rope_tables(spec: &RopeSpec, positions: &[i64]) -> (Vec<f32>, Vec<f32>) {
 /// The last tables this thread made, with what they were made from.
 struct CachedTables {
     theta: u32,
+    freqs: Option<Arc<[f32]>>,
     n_rot: usize,
     positions: Vec<i64>,
     tables: Arc<(Vec<f32>, Vec<f32>)>,
@@ -81,7 +104,10 @@ pub fn rope_tables_cached(spec: &RopeSpec, positions: &[i64]) -> Arc<(Vec<f32>, 
     LAST_TABLES.with(|cell| {
         let mut last = cell.borrow_mut();
         if let Some(c) = last.as_ref() {
-            if c.theta == spec.theta.to_bits() && c.n_rot == spec.n_rot && c.positions == positions
+            if c.theta == spec.theta.to_bits()
+                && c.n_rot == spec.n_rot
+                && c.freqs == spec.freqs
+                && c.positions == positions
             {
                 return c.tables.clone();
             }
@@ -89,6 +115,7 @@ pub fn rope_tables_cached(spec: &RopeSpec, positions: &[i64]) -> Arc<(Vec<f32>, 
         let tables = Arc::new(rope_tables(spec, positions));
         *last = Some(CachedTables {
             theta: spec.theta.to_bits(),
+            freqs: spec.freqs.clone(),
             n_rot: spec.n_rot,
             positions: positions.to_vec(),
             tables: tables.clone(),
@@ -246,6 +273,7 @@ mod tests {
             n_rot,
             theta,
             style: RopeStyle::NeoX,
+            freqs: None,
         };
         let cases: [(RopeSpec, Vec<i64>); 5] = [
             (spec(10000.0, 8), vec![0, 1, 2]),

@@ -77,6 +77,10 @@ pub(crate) fn find_rope_cache(
         let Op::Rope { .. } = rope.op else {
             continue;
         };
+        // Ropes with frequency divisors are not lowered on CUDA.
+        if rope.inputs.len() > 2 {
+            continue;
+        }
         let (x, pos) = (&g.node(rope.inputs[0]).shape, rope.inputs[1]);
         let one_row = x.rank() == 3 && x.dims[0] * x.dims[1] == 1 && x.dtype == DType::F32;
         if !one_row

@@ -99,6 +99,12 @@ pub(super) fn rope<A: Addr>(cx: &mut Cx<'_, A>) -> Result<Vec<Launch>, String> {
     else {
         return Err(wrong_op(node));
     };
+    if node.inputs.len() > 2 {
+        return Err(format!(
+            "Rope with frequency divisors (a third input; Llama 3 rope scaling) is not implemented on CUDA (node {:?})",
+            node.id
+        ));
+    }
     let out_shape = &node.shape;
     let n = out_shape.numel();
     cx.f32_in(0)?;

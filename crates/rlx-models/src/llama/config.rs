@@ -5,9 +5,79 @@ use crate::validate::{layers_in_names, positive_finite, ConfigError};
 use rlx_formats::GgufFile;
 use rlx_ir::RopeStyle;
 
-/// The `general.architecture` values this decoder runs: `llama`, and
-/// `qwen2` (the same block with biases on q/k/v and NeoX rope).
-pub const SUPPORTED_ARCHS: [&str; 2] = ["llama", "qwen2"];
+/// The `general.architecture` values this decoder runs: `llama` (Llama 1-3,
+/// with `rope_freqs.weight` for Llama 3 rope scaling), `qwen2` (the same
+/// block with biases on q/k/v and NeoX rope), `qwen3` (q/k RMSNorm per head,
+/// NeoX rope) and `gemma3` (see [`BlockOptions`]).
+pub const SUPPORTED_ARCHS: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
+
+/// The gated FFN's activation: `act(gate) * up`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FfnAct {
+    /// SiLU (Llama, Qwen).
+    Silu,
+    /// GELU, tanh approximation (Gemma).
+    GeluTanh,
+}
+
+/// The per-family parts of a block; all off for `llama` and `qwen2`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockOptions {
+    /// RMSNorm of every q and k head (`attn_q_norm`, `attn_k_norm`, weight
+    /// `[head_dim]`) before rope (`qwen3`, `gemma3`).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention and FFN outputs before their residual adds
+    /// (`post_attention_norm`, `post_ffw_norm`; `gemma3`).
+    pub post_norms: bool,
+    /// The FFN activation.
+    pub ffn_act: FfnAct,
+    /// Multiplier of the token embeddings (`sqrt(d_model)` for `gemma3`).
+    pub embed_scale: Option<f32>,
+    /// Attention score multiplier (`{arch}.attention.scale`; default
+    /// `1/sqrt(head_dim)`).
+    pub attn_scale: Option<f32>,
+    /// Attention logit soft-cap (`{arch}.attn_logit_softcapping`).
+    pub attn_softcap: Option<f32>,
+    /// Final logit soft-cap `c * tanh(logits / c)`
+    /// (`{arch}.final_logit_softcapping`).
+    pub final_softcap: Option<f32>,
+    /// Sliding-window width of the local layers
+    /// (`{arch}.attention.sliding_window`), if any layer is local.
+    pub sliding_window: Option<usize>,
+    /// Per layer, whether it attends over the sliding window only (for
+    /// `gemma3`, layer `l` is local unless `(l + 1) % 6 == 0`, as in
+    /// llama.cpp and transformers' default `sliding_window_pattern`).
+    pub swa_layers: Vec<bool>,
+    /// Rope base of the local layers (10000 for `gemma3`, as llama.cpp).
+    pub rope_theta_swa: f32,
+    /// Whether the file has `rope_freqs.weight` (Llama 3 rope scaling:
+    /// per-pair frequency divisors).
+    pub rope_freqs: bool,
+}
+
+impl BlockOptions {
+    /// The plain Llama block.
+    pub fn llama(n_layers: usize) -> BlockOptions {
+        BlockOptions {
+            qk_norm: false,
+            post_norms: false,
+            ffn_act: FfnAct::Silu,
+            embed_scale: None,
+            attn_scale: None,
+            attn_softcap: None,
+            final_softcap: None,
+            sliding_window: None,
+            swa_layers: vec![false; n_layers],
+            rope_theta_swa: 10000.0,
+            rope_freqs: false,
+        }
+    }
+
+    /// Whether layer `l` is a sliding-window layer.
+    pub fn is_swa(&self, l: usize) -> bool {
+        self.sliding_window.is_some() && self.swa_layers.get(l).copied().unwrap_or(false)
+    }
+}
 
 /// The shape of a Llama-family decoder.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,7 +98,8 @@ pub struct LlamaConfig {
     pub n_heads: usize,
     /// Key/value heads (`{arch}.attention.head_count_kv`, default `n_heads`).
     pub n_kv_heads: usize,
-    /// Dims per head (`d_model / n_heads`).
+    /// Dims per head (`{arch}.attention.key_length`, default
+    /// `d_model / n_heads`); q is `n_heads * head_dim` wide.
     pub head_dim: usize,
     /// Rotated dims per head (`{arch}.rope.dimension_count`, default `head_dim`).
     pub n_rot: usize,
@@ -42,6 +113,8 @@ pub struct LlamaConfig {
     /// (`{arch}.context_length`), when the file says: the most KV cache
     /// positions a model may be loaded with.
     pub context_length: Option<usize>,
+    /// The per-family parts of the block.
+    pub block: BlockOptions,
 }
 
 impl LlamaConfig {
@@ -75,6 +148,12 @@ impl LlamaConfig {
         self.n_kv_heads * self.head_dim
     }
 
+    /// Width of the Q projection (and of the attention output):
+    /// `n_heads * head_dim`.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
     /// SmolLM2-135M's shape: 30 layers, width 576, FFN 1536, 9 heads / 3 KV
     /// heads of 64, rope θ 1e5 over 64 dims, RMS eps 1e-5, vocab 49152.
     pub fn smollm2_135m() -> LlamaConfig {
@@ -92,6 +171,7 @@ impl LlamaConfig {
             rms_eps: 1e-5,
             vocab: 49152,
             context_length: Some(8192),
+            block: BlockOptions::llama(30),
         }
     }
 
@@ -100,7 +180,7 @@ impl LlamaConfig {
         let arch = f.get_str("general.architecture")?.to_string();
         let rope_style = match arch.as_str() {
             "llama" => RopeStyle::GptJ,
-            "qwen2" => RopeStyle::NeoX,
+            "qwen2" | "qwen3" | "gemma3" => RopeStyle::NeoX,
             _ => return Err(LlamaError::UnsupportedArch { arch }),
         };
         let key = |k: &str| format!("{arch}.{k}");
@@ -180,7 +260,30 @@ impl LlamaConfig {
                 format!("a positive divisor of attention.head_count {n_heads}"),
             ));
         }
-        let head_dim = d_model / n_heads;
+        let head_dim = match opt_usize("attention.key_length")? {
+            None => d_model / n_heads,
+            Some(k) => {
+                if k == 0 || !k.is_multiple_of(2) {
+                    return Err(bad(
+                        "attention.key_length",
+                        &k,
+                        "an even positive integer".into(),
+                    ));
+                }
+                if let Some(v) = opt_usize("attention.value_length")? {
+                    if v != k {
+                        return Err(bad(
+                            "attention.value_length",
+                            &v,
+                            format!(
+                                "attention.key_length ({k}): rlx needs equal k and v head widths"
+                            ),
+                        ));
+                    }
+                }
+                k
+            }
+        };
         let n_rot = opt_usize("rope.dimension_count")?.unwrap_or(head_dim);
         if n_rot == 0 || n_rot > head_dim || !n_rot.is_multiple_of(2) {
             return Err(bad(
@@ -203,6 +306,53 @@ impl LlamaConfig {
         let context_length = opt_usize("context_length")?;
         if context_length == Some(0) {
             return Err(bad("context_length", &0, "a positive integer".into()));
+        }
+        // Rope scaling other than Llama 3's `rope_freqs.weight` (e.g. the
+        // linear factor of Gemma 3 4B+ global layers) is refused rather
+        // than ignored.
+        if f.metadata(&key("rope.scaling.type")).is_some() {
+            let t = f.get_str(&key("rope.scaling.type"))?;
+            if t != "none" {
+                return Err(bad(
+                    "rope.scaling.type",
+                    &t,
+                    "none (only Llama 3 rope scaling, as rope_freqs.weight, is supported)".into(),
+                ));
+            }
+        }
+        let mut block = BlockOptions::llama(n_layers);
+        block.rope_freqs = f.tensor_info("rope_freqs.weight").is_some();
+        if let Some(v) = opt_float("attention.scale")? {
+            block.attn_scale = Some(positive_finite(&file, &key("attention.scale"), v)? as f32);
+        }
+        if let Some(v) = opt_float("attn_logit_softcapping")? {
+            block.attn_softcap =
+                Some(positive_finite(&file, &key("attn_logit_softcapping"), v)? as f32);
+        }
+        if let Some(v) = opt_float("final_logit_softcapping")? {
+            block.final_softcap =
+                Some(positive_finite(&file, &key("final_logit_softcapping"), v)? as f32);
+        }
+        match arch.as_str() {
+            "qwen3" => block.qk_norm = true,
+            "gemma3" => {
+                block.qk_norm = true;
+                block.post_norms = true;
+                block.ffn_act = FfnAct::GeluTanh;
+                block.embed_scale = Some((d_model as f32).sqrt());
+                block.rope_theta_swa = 10000.0;
+                let w = opt_usize("attention.sliding_window")?;
+                if w == Some(0) {
+                    return Err(bad(
+                        "attention.sliding_window",
+                        &0,
+                        "a positive integer".into(),
+                    ));
+                }
+                block.sliding_window = w;
+                block.swa_layers = (0..n_layers).map(|l| (l + 1) % 6 != 0).collect();
+            }
+            _ => {}
         }
         let vocab = emb.n_rows();
         if vocab == 0 {
@@ -227,6 +377,7 @@ impl LlamaConfig {
             rms_eps,
             vocab,
             context_length,
+            block,
         })
     }
 }

@@ -17,7 +17,10 @@ pub enum LlamaError {
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     /// The file's `general.architecture` is not a Llama-family decoder.
-    #[error("unsupported architecture '{arch}' (expected 'llama' or 'qwen2')")]
+    #[error(
+        "unsupported architecture '{arch}' in general.architecture (supported: {supported})",
+        supported = super::SUPPORTED_ARCHS.join(", ")
+    )]
     UnsupportedArch {
         /// The architecture named by the file.
         arch: String,

@@ -1,6 +1,8 @@
 //! [`LlamaModel`]: a loaded decoder with a KV cache, and the generation loop.
 
-use super::graph::{batch_cache_names, build_graph, cache_names, extend_bias, Phase};
+use super::graph::{
+    batch_cache_names, build_graph, cache_names, extend_bias, swa_input, swa_keep, Phase,
+};
 use super::{LlamaConfig, LlamaError, LlamaWeights};
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_formats::GgufFile;
@@ -287,6 +289,14 @@ impl LlamaModel {
         }
     }
 
+    /// The sliding window, when some layer of the model uses one (its
+    /// graphs then take the `*_swa` mask inputs).
+    fn swa_window(&self) -> Option<usize> {
+        let b = &self.config.block;
+        b.sliding_window
+            .filter(|_| (0..self.config.n_layers).any(|l| b.is_swa(l)))
+    }
+
     fn check_ids(&self, ids: &[u32], first_position: usize) -> Result<(), LlamaError> {
         for (i, &id) in ids.iter().enumerate() {
             if id as usize >= self.config.vocab {
@@ -452,16 +462,29 @@ impl LlamaModel {
         let ids64: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
         let pos: Vec<i64> = (p as i64..(p + s) as i64).collect();
         let bias = extend_bias(p, s, self.ctx_len);
-        let (out, _) = self.run_prefill_slot(
-            Phase::Extend { seq_len: s },
-            &[
-                ("ids", TensorRef::I64(&ids64)),
-                ("pos", TensorRef::I64(&pos)),
-                ("start", TensorRef::I64(&[p as i64])),
-                ("kv_bias", TensorRef::F32(&bias)),
-            ],
-            false,
-        )?;
+        let swa_name = swa_input("kv_bias");
+        let bias_swa = self.swa_window().map(|w| {
+            let mut b = bias.clone();
+            for (i, row) in b.chunks_exact_mut(self.ctx_len).enumerate() {
+                for (j, v) in row.iter_mut().enumerate() {
+                    if !swa_keep(p + i, j, w) {
+                        *v = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            b
+        });
+        let start = [p as i64];
+        let mut inputs = vec![
+            ("ids", TensorRef::I64(&ids64)),
+            ("pos", TensorRef::I64(&pos)),
+            ("start", TensorRef::I64(&start)),
+            ("kv_bias", TensorRef::F32(&bias)),
+        ];
+        if let Some(b) = &bias_swa {
+            inputs.push((swa_name.as_str(), TensorRef::F32(b)));
+        }
+        let (out, _) = self.run_prefill_slot(Phase::Extend { seq_len: s }, &inputs, false)?;
         self.pos = p + s;
         self.logits(out)
     }
@@ -601,11 +624,22 @@ impl LlamaModel {
         self.move_caches(true)?;
         let mut mask = vec![0.0f32; self.ctx_len];
         mask[..=p].fill(1.0);
-        let inputs = [
-            ("ids", TensorRef::I64(&[i64::from(id)])),
-            ("pos", TensorRef::I64(&[p as i64])),
+        let swa_name = swa_input("kv_mask");
+        let mask_swa = self.swa_window().map(|w| {
+            let mut m = vec![0.0f32; self.ctx_len];
+            m[(p + 1).saturating_sub(w)..=p].fill(1.0);
+            m
+        });
+        let id64 = [i64::from(id)];
+        let p64 = [p as i64];
+        let mut inputs = vec![
+            ("ids", TensorRef::I64(&id64)),
+            ("pos", TensorRef::I64(&p64)),
             ("kv_mask", TensorRef::F32(&mask)),
         ];
+        if let Some(m) = &mask_swa {
+            inputs.push((swa_name.as_str(), TensorRef::F32(m)));
+        }
         let (out, prof) = match &mut self.engine {
             Engine::Cpu { decode, .. } if profile => decode.run_profiled(&inputs)?,
             Engine::Cpu { decode, .. } => (decode.run(&inputs)?, Vec::new()),
@@ -680,6 +714,14 @@ impl LlamaModel {
         for (row, (c, _)) in mask.chunks_exact_mut(ctx).zip(steps.iter()) {
             row[..=c.pos].fill(1.0);
         }
+        let swa_name = swa_input("kv_mask");
+        let mask_swa = self.swa_window().map(|w| {
+            let mut m = vec![0.0f32; n * ctx];
+            for (row, (c, _)) in m.chunks_exact_mut(ctx).zip(steps.iter()) {
+                row[(c.pos + 1).saturating_sub(w)..=c.pos].fill(1.0);
+            }
+            m
+        });
         let batch = match &mut self.engine {
             Engine::Cpu { batch, .. } => batch,
             #[cfg(feature = "cuda")]
@@ -706,11 +748,17 @@ impl LlamaModel {
             }
         }
         let out = match bound {
-            Ok(()) => model.run(&[
-                ("ids", TensorRef::I64(&ids)),
-                ("pos", TensorRef::I64(&pos)),
-                ("kv_mask", TensorRef::F32(&mask)),
-            ]),
+            Ok(()) => {
+                let mut inputs = vec![
+                    ("ids", TensorRef::I64(&ids)),
+                    ("pos", TensorRef::I64(&pos)),
+                    ("kv_mask", TensorRef::F32(&mask)),
+                ];
+                if let Some(m) = &mask_swa {
+                    inputs.push((swa_name.as_str(), TensorRef::F32(m)));
+                }
+                model.run(&inputs)
+            }
             Err(e) => Err(e),
         };
         // ...and back, whether the run worked or not.

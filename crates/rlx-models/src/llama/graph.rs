@@ -45,8 +45,8 @@
 //! logits f32 `[1, 1, vocab]` of the last position (`[N, 1, vocab]`, one row
 //! per sequence, for the batched decode).
 
-use super::weights::{bias_name, gate_up_name, qkv_name, EMBED_TABLE};
-use super::{Linear, LlamaError, LlamaWeights};
+use super::weights::{bias_name, gate_up_name, qkv_name, EMBED_TABLE, ROPE_FREQS};
+use super::{FfnAct, Linear, LlamaError, LlamaWeights};
 use rlx_ir::{Activation, BinaryOp, DType, Graph, MaskKind, NodeId, Op, Shape, Tensor};
 use std::collections::HashMap;
 
@@ -83,6 +83,20 @@ pub fn extend_bias(start: usize, seq_len: usize, ctx_len: usize) -> Vec<f32> {
         row[..visible].fill(0.0);
     }
     b
+}
+
+/// The name of the sliding-window layers' variant of mask input `name`
+/// (`kv_mask` -> `kv_mask_swa`, `kv_bias` -> `kv_bias_swa`): present only in
+/// graphs of models with sliding-window layers, where it keeps the last
+/// `sliding_window` positions of each query (see [`swa_keep`]).
+pub fn swa_input(name: &str) -> String {
+    format!("{name}_swa")
+}
+
+/// Whether a query at position `q` sees the key at position `k` under a
+/// sliding window `w`: `k <= q` and `q - k < w`.
+pub fn swa_keep(q: usize, k: usize, w: usize) -> bool {
+    k <= q && q - k < w
 }
 
 /// Names of the k and v cache params of layer `l`.
@@ -165,6 +179,32 @@ impl Builder<'_> {
         Ok(self.g.push(Op::Narrow { axis, start, len }, vec![x])?)
     }
 
+    /// RMSNorm of every head of `x [n, s, heads * head_dim]` with weight
+    /// `name [head_dim]` (q/k norms).
+    fn head_norm(
+        &mut self,
+        x: NodeId,
+        name: &str,
+        n: usize,
+        s: usize,
+        heads: usize,
+    ) -> Result<NodeId, LlamaError> {
+        let d = self.w.config.head_dim;
+        let x = self.g.push(
+            Op::Reshape {
+                shape: vec![n, s, heads, d],
+            },
+            vec![x],
+        )?;
+        let x = self.rms_norm(x, name)?;
+        Ok(self.g.push(
+            Op::Reshape {
+                shape: vec![n, s, heads * d],
+            },
+            vec![x],
+        )?)
+    }
+
     fn rms_norm(&mut self, x: NodeId, name: &str) -> Result<NodeId, LlamaError> {
         let gamma = self.param(name)?;
         let eps = self.w.config.rms_eps;
@@ -229,57 +269,106 @@ pub fn build_graph(
             (pos, Some((MaskKind::Custom, m)))
         }
     };
+    // The sliding-window layers' masks: the same inputs with `_swa`
+    // appended, keeping only the last `sliding_window` positions.
+    let has_swa = (0..c.n_layers).any(|l| c.block.is_swa(l));
+    let kv_mask_swa = match (has_swa, kv_mask) {
+        (true, Some((kind, _))) => {
+            let m = match phase {
+                Phase::Extend { .. } => {
+                    b.g.input(&swa_input("kv_bias"), Shape::f32(&[1, 1, s, ctx_len]))
+                }
+                _ => b.g.input(&swa_input("kv_mask"), Shape::f32(&[n, ctx_len])),
+            };
+            Some((kind, m))
+        }
+        _ => kv_mask,
+    };
     // Batched decode: per sequence, its write position `[1]` and mask row
     // `[1, ctx]`, both views of the batched inputs.
     let mut per_seq: Vec<(NodeId, NodeId)> = Vec::new();
-    if let (true, Some((_, m))) = (batched, kv_mask) {
+    let mut per_seq_swa: Vec<(NodeId, NodeId)> = Vec::new();
+    if let (true, Some((_, m)), Some((_, m_swa))) = (batched, kv_mask, kv_mask_swa) {
         for i in 0..n {
             let p = b.narrow_on(pos, 0, i, 1)?;
             let p = b.g.push(Op::Reshape { shape: vec![1] }, vec![p])?;
             per_seq.push((p, b.narrow_on(m, 0, i, 1)?));
+            let ms = if m_swa == m {
+                per_seq[i].1
+            } else {
+                b.narrow_on(m_swa, 0, i, 1)?
+            };
+            per_seq_swa.push((p, ms));
         }
     }
     let table = b.param(EMBED_TABLE)?;
     let mut x = b.g.push(Op::Gather { axis: 0 }, vec![table, ids])?;
-    let rope = Op::Rope {
+    let blk = &c.block;
+    let rope_op = |theta: f32| Op::Rope {
         head_dim: c.head_dim,
         n_rot: c.n_rot,
-        theta: c.rope_theta,
+        theta,
         style: c.rope_style,
     };
+    // Llama 3: the per-pair frequency divisors are Rope's third input.
+    let freqs = if blk.rope_freqs {
+        Some(b.param(ROPE_FREQS)?)
+    } else {
+        None
+    };
     let kv_shape = Shape::f32(&[1, ctx_len, c.kv_dim()]);
+    let (dq, dkv) = (c.q_dim(), c.kv_dim());
     for l in 0..c.n_layers {
         let p = |s: &str| format!("blk.{l}.{s}.weight");
+        let swa = blk.is_swa(l);
+        let rope = rope_op(if swa {
+            blk.rope_theta_swa
+        } else {
+            c.rope_theta
+        });
+        let rope_in = |x: NodeId| match freqs {
+            Some(f) => vec![x, pos, f],
+            None => vec![x, pos],
+        };
         let h = b.rms_norm(x, &p("attn_norm"))?;
         let (q, k, v) = if b.w.linears.contains_key(&qkv_name(l)) {
             let qkv = b.linear(h, &qkv_name(l))?;
-            let (dq, dkv) = (c.d_model, c.kv_dim());
             let v = b.narrow(qkv, dq + dkv, dkv)?;
             if s == 1 {
                 // One token: q and k heads rotate by the same position, so
                 // one Rope covers both (the narrows are views).
                 let qk = b.narrow(qkv, 0, dq + dkv)?;
-                let qk = b.g.push(rope.clone(), vec![qk, pos])?;
+                let qk = b.g.push(rope.clone(), rope_in(qk))?;
                 (b.narrow(qk, 0, dq)?, b.narrow(qk, dq, dkv)?, v)
             } else {
                 let q = b.narrow(qkv, 0, dq)?;
                 let k = b.narrow(qkv, dq, dkv)?;
-                let q = b.g.push(rope.clone(), vec![q, pos])?;
-                (q, b.g.push(rope.clone(), vec![k, pos])?, v)
+                let q = b.g.push(rope.clone(), rope_in(q))?;
+                (q, b.g.push(rope.clone(), rope_in(k))?, v)
             }
         } else {
-            let q = b.linear(h, &p("attn_q"))?;
-            let k = b.linear(h, &p("attn_k"))?;
+            let mut q = b.linear(h, &p("attn_q"))?;
+            let mut k = b.linear(h, &p("attn_k"))?;
             let v = b.linear(h, &p("attn_v"))?;
-            let q = b.g.push(rope.clone(), vec![q, pos])?;
-            (q, b.g.push(rope.clone(), vec![k, pos])?, v)
+            if blk.qk_norm {
+                q = b.head_norm(q, &p("attn_q_norm"), n, s, c.n_heads)?;
+                k = b.head_norm(k, &p("attn_k_norm"), n, s, c.n_kv_heads)?;
+            }
+            let q = b.g.push(rope.clone(), rope_in(q))?;
+            (q, b.g.push(rope.clone(), rope_in(k))?, v)
         };
         let attn = |mask_kind| Op::Attention {
             num_heads: c.n_heads,
             head_dim: c.head_dim,
             mask_kind,
-            score_scale: None,
-            attn_logit_softcap: None,
+            score_scale: blk.attn_scale,
+            attn_logit_softcap: blk.attn_softcap,
+        };
+        // Local layers read the sliding-window masks (`*_swa` inputs).
+        let (kv_mask, per_seq) = if swa {
+            (kv_mask_swa, &per_seq_swa)
+        } else {
+            (kv_mask, &per_seq)
         };
         let a = if batched {
             // Per sequence: its row of q/k/v (`Narrow` on axis 0: a view,
@@ -317,11 +406,20 @@ pub fn build_graph(
             let cv =
                 b.g.push(Op::CacheWrite { axis: 1 }, vec![cv, v, write_pos])?;
             match kv_mask {
-                None => b.g.push(attn(MaskKind::Causal), vec![q, k, v])?,
+                None => {
+                    let kind = match blk.sliding_window {
+                        Some(w) if swa => MaskKind::SlidingWindow(w),
+                        _ => MaskKind::Causal,
+                    };
+                    b.g.push(attn(kind), vec![q, k, v])?
+                }
                 Some((kind, m)) => b.g.push(attn(kind), vec![q, ck, cv, m])?,
             }
         };
-        let o = b.linear(a, &p("attn_output"))?;
+        let mut o = b.linear(a, &p("attn_output"))?;
+        if blk.post_norms {
+            o = b.rms_norm(o, &p("post_attention_norm"))?;
+        }
         x = b.g.push(Op::Binary(BinaryOp::Add), vec![x, o])?;
         let h = b.rms_norm(x, &p("ffn_norm"))?;
         let act = if b.w.linears.contains_key(&gate_up_name(l)) {
@@ -330,10 +428,17 @@ pub fn build_graph(
         } else {
             let gate = b.linear(h, &p("ffn_gate"))?;
             let up = b.linear(h, &p("ffn_up"))?;
-            let gate = b.g.push(Op::Activation(Activation::Silu), vec![gate])?;
+            let act = match blk.ffn_act {
+                FfnAct::Silu => Activation::Silu,
+                FfnAct::GeluTanh => Activation::GeluTanh,
+            };
+            let gate = b.g.push(Op::Activation(act), vec![gate])?;
             b.g.push(Op::Binary(BinaryOp::Mul), vec![gate, up])?
         };
-        let down = b.linear(act, &p("ffn_down"))?;
+        let mut down = b.linear(act, &p("ffn_down"))?;
+        if blk.post_norms {
+            down = b.rms_norm(down, &p("post_ffw_norm"))?;
+        }
         x = b.g.push(Op::Binary(BinaryOp::Add), vec![x, down])?;
     }
     if s > 1 {
@@ -348,7 +453,15 @@ pub fn build_graph(
     }
     let x = b.rms_norm(x, "output_norm.weight")?;
     let head = weights.head.clone();
-    let logits = b.linear(x, &head)?;
+    let mut logits = b.linear(x, &head)?;
+    if let Some(cap) = blk.final_softcap {
+        // cap * tanh(logits / cap)
+        let inv = b.g.constant(Tensor::f32(&[1], vec![1.0 / cap]));
+        let cap = b.g.constant(Tensor::f32(&[1], vec![cap]));
+        let t = b.g.push(Op::Binary(BinaryOp::Mul), vec![logits, inv])?;
+        let t = b.g.push(Op::Activation(Activation::Tanh), vec![t])?;
+        logits = b.g.push(Op::Binary(BinaryOp::Mul), vec![t, cap])?;
+    }
     b.g.set_outputs(vec![logits]);
     b.g.verify()?;
     Ok(b.g)

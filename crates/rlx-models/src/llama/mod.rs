@@ -18,6 +18,13 @@
 //!
 //! `qwen2` (Qwen2, Qwen2.5) is the same block with biases on the q/k/v
 //! projections (added after the matmul) and NeoX rope, as in llama.cpp.
+//! `qwen3` adds an RMSNorm of every q and k head before rope; `gemma3`
+//! adds those, scales the embeddings by `sqrt(d_model)`, norms the attention
+//! and FFN outputs before the residual adds, uses a GELU-tanh gated FFN,
+//! sliding-window attention (rope base 10000) on 5 of every 6 layers, and an
+//! optional final logit soft-cap. Llama 3's rope scaling comes as
+//! `rope_freqs.weight`, per-pair frequency divisors (the `Rope` op's third
+//! input).
 
 mod config;
 mod error;
@@ -25,8 +32,12 @@ mod generate;
 mod graph;
 mod weights;
 
-pub use config::{LlamaConfig, SUPPORTED_ARCHS};
+pub use config::{BlockOptions, FfnAct, LlamaConfig, SUPPORTED_ARCHS};
 pub use error::LlamaError;
 pub use generate::{argmax, KvCache, LlamaDevice, LlamaModel, MAX_DECODE_BATCH};
-pub use graph::{batch_cache_names, build_graph, cache_names, extend_bias, Phase};
-pub use weights::{bias_name, gate_up_name, qkv_name, Linear, LlamaWeights, EMBED_TABLE};
+pub use graph::{
+    batch_cache_names, build_graph, cache_names, extend_bias, swa_input, swa_keep, Phase,
+};
+pub use weights::{
+    bias_name, gate_up_name, qkv_name, Linear, LlamaWeights, EMBED_TABLE, ROPE_FREQS,
+};

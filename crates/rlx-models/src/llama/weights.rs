@@ -13,8 +13,12 @@ use rlx_formats::{GgmlType, GgufFile};
 use rlx_ir::{ActivationPrecision, QuantScheme, Tensor};
 use std::collections::HashMap;
 
-/// Name of the f32 embedding table param (`token_embd.weight` dequantized).
+/// Name of the f32 embedding table param (`token_embd.weight` dequantized,
+/// times the family's embedding scale).
 pub const EMBED_TABLE: &str = "token_embd.table";
+
+/// Name of Llama 3's rope frequency divisors (f32 `[n_rot / 2]`).
+pub const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// How one linear layer `y = x W^T` (`W [N, K]` in the file) is bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,10 +149,10 @@ impl LlamaWeights {
             };
         for l in 0..c.n_layers {
             let p = |s: &str| format!("blk.{l}.{s}.weight");
-            packed(&mut w, p("attn_q"), scheme, c.d_model, c.d_model)?;
+            packed(&mut w, p("attn_q"), scheme, c.q_dim(), c.d_model)?;
             packed(&mut w, p("attn_k"), scheme, c.kv_dim(), c.d_model)?;
             packed(&mut w, p("attn_v"), scheme, c.kv_dim(), c.d_model)?;
-            packed(&mut w, p("attn_output"), scheme, c.d_model, c.d_model)?;
+            packed(&mut w, p("attn_output"), scheme, c.d_model, c.q_dim())?;
             packed(&mut w, p("ffn_gate"), scheme, c.d_ff, c.d_model)?;
             packed(&mut w, p("ffn_up"), scheme, c.d_ff, c.d_model)?;
             packed(&mut w, p("ffn_down"), scheme, c.d_model, c.d_ff)?;
@@ -184,12 +188,20 @@ impl LlamaWeights {
     /// rows, when the parts are all block-quantized with one scheme. One
     /// `DequantMatMul` then replaces three (or two): fewer passes over the
     /// activations and fewer parallel dispatches per token. The parts are
-    /// removed; the graph builder uses whichever form is present.
+    /// removed; the graph builder uses whichever form is present. Models
+    /// with q/k norms keep q/k/v apart (each is normed per head), and
+    /// models whose FFN activation is not SiLU keep gate/up apart.
     pub fn merge_projections(&mut self) {
+        let block = &self.config.block;
+        let (qkv, gate_up) = (!block.qk_norm, block.ffn_act == super::FfnAct::Silu);
         for l in 0..self.config.n_layers {
             let p = |s: &str| format!("blk.{l}.{s}.weight");
-            self.merge(&[p("attn_q"), p("attn_k"), p("attn_v")], qkv_name(l));
-            self.merge(&[p("ffn_gate"), p("ffn_up")], gate_up_name(l));
+            if qkv {
+                self.merge(&[p("attn_q"), p("attn_k"), p("attn_v")], qkv_name(l));
+            }
+            if gate_up {
+                self.merge(&[p("ffn_gate"), p("ffn_up")], gate_up_name(l));
+            }
         }
     }
 
@@ -269,9 +281,27 @@ impl LlamaWeights {
         };
         // Embedding table (dequantized once).
         check_shape(f, "token_embd.weight", &[c.vocab, c.d_model])?;
-        let table = f
+        let mut table = f
             .tensor_f32("token_embd.weight")
             .map_err(|e| dequant_error(f, "token_embd.weight", e))?;
+        if let Some(scale) = c.block.embed_scale {
+            table.iter_mut().for_each(|v| *v *= scale);
+        }
+        if c.block.rope_freqs {
+            let name = ROPE_FREQS;
+            w.norm(f, name, c.n_rot / 2)?;
+            let ok = w.tensors[name]
+                .as_f32()
+                .is_some_and(|v| v.iter().all(|x| x.is_finite() && *x > 0.0));
+            if !ok {
+                return Err(LlamaError::BadTensor {
+                    name: name.into(),
+                    expected: "positive finite frequency divisors".into(),
+                    found: vec![c.n_rot / 2],
+                    ty: f.tensor_info(name).map_or(GgmlType::F32, |i| i.ggml_type),
+                });
+            }
+        }
         w.tensors.insert(
             EMBED_TABLE.into(),
             Tensor::f32(&[c.vocab, c.d_model], table),
@@ -280,10 +310,18 @@ impl LlamaWeights {
             let p = |s: &str| format!("blk.{l}.{s}.weight");
             w.norm(f, &p("attn_norm"), c.d_model)?;
             w.norm(f, &p("ffn_norm"), c.d_model)?;
-            w.linear(f, &p("attn_q"), c.d_model, c.d_model)?;
+            if c.block.qk_norm {
+                w.norm(f, &p("attn_q_norm"), c.head_dim)?;
+                w.norm(f, &p("attn_k_norm"), c.head_dim)?;
+            }
+            if c.block.post_norms {
+                w.norm(f, &p("post_attention_norm"), c.d_model)?;
+                w.norm(f, &p("post_ffw_norm"), c.d_model)?;
+            }
+            w.linear(f, &p("attn_q"), c.q_dim(), c.d_model)?;
             w.linear(f, &p("attn_k"), c.kv_dim(), c.d_model)?;
             w.linear(f, &p("attn_v"), c.kv_dim(), c.d_model)?;
-            w.linear(f, &p("attn_output"), c.d_model, c.d_model)?;
+            w.linear(f, &p("attn_output"), c.d_model, c.q_dim())?;
             w.linear(f, &p("ffn_gate"), c.d_ff, c.d_model)?;
             w.linear(f, &p("ffn_up"), c.d_ff, c.d_model)?;
             w.linear(f, &p("ffn_down"), c.d_model, c.d_ff)?;
