@@ -69,8 +69,11 @@ def _write(name, model, config_dict):
         for ids in PROMPTS:
             x = torch.tensor([ids])
             logits = model(x, use_cache=False).logits[0]
+            # An explicit all-ones mask: generate would otherwise mask
+            # every token equal to pad_token_id (prompt 3 holds id 0).
             gen = model.generate(
                 x,
+                attention_mask=torch.ones_like(x),
                 max_new_tokens=GREEDY_TOKENS,
                 min_new_tokens=GREEDY_TOKENS,
                 do_sample=False,
