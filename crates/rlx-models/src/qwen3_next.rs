@@ -1145,9 +1145,9 @@ pub fn build_graph(
 pub struct Qwen3NextModel {
     weights: Qwen3NextWeights,
     ctx_len: usize,
-    /// Compiled step models by step length; the first one compiled owns
+    /// Compiled step models: step length, graph nodes, model; the first one compiled owns
     /// the weights the others share.
-    models: Vec<(usize, CpuModel)>,
+    models: Vec<(usize, usize, CpuModel)>,
     /// Which entry of `models` holds the KV cache params.
     cache_at: usize,
     /// Per GDN layer: conv state, recurrent state.
@@ -1179,6 +1179,7 @@ impl Qwen3NextModel {
             return Err(Qwen3NextError::ContextOverflow { needed: 1, ctx_len });
         }
         let g = build_graph(&weights, 1, ctx_len)?;
+        let nodes = g.len();
         let mut m = CpuModel::compile(g, &opts)?;
         for (name, t) in &weights.tensors {
             m.set_param_tensor(name, t.clone())?;
@@ -1198,7 +1199,7 @@ impl Qwen3NextModel {
         let mut me = Qwen3NextModel {
             weights,
             ctx_len,
-            models: vec![(1, m)],
+            models: vec![(1, nodes, m)],
             cache_at: 0,
             states: Vec::new(),
             pos: 0,
@@ -1240,9 +1241,9 @@ impl Qwen3NextModel {
     pub fn plans(&self) -> Vec<crate::CompiledPlan> {
         self.models
             .iter()
-            .map(|(s, m)| crate::CompiledPlan {
+            .map(|(s, nodes, m)| crate::CompiledPlan {
                 name: format!("step {s}"),
-                nodes: 0,
+                nodes: *nodes,
                 report: m.report().clone(),
             })
             .collect()
@@ -1251,12 +1252,13 @@ impl Qwen3NextModel {
     /// The index in `models` of the step model of length `s`, compiled
     /// (sharing the weights) on first use.
     fn model_for(&mut self, s: usize) -> Result<usize, Qwen3NextError> {
-        if let Some(i) = self.models.iter().position(|(n, _)| *n == s) {
+        if let Some(i) = self.models.iter().position(|(n, _, _)| *n == s) {
             return Ok(i);
         }
         let g = build_graph(&self.weights, s, self.ctx_len)?;
-        let m = self.models[0].1.compile_sharing(g)?;
-        self.models.push((s, m));
+        let nodes = g.len();
+        let m = self.models[0].2.compile_sharing(g)?;
+        self.models.push((s, nodes, m));
         Ok(self.models.len() - 1)
     }
 
@@ -1272,13 +1274,13 @@ impl Qwen3NextModel {
             let (k, v) = cache_names(l);
             for name in [k, v] {
                 let t = self.models[self.cache_at]
-                    .1
+                    .2
                     .take_param(&name)
                     .ok_or_else(|| Qwen3NextError::MissingTensor {
                         name: name.clone(),
                         expected: format!("KV cache f32 [1, {}, {}]", self.ctx_len, c.kv_dim()),
                     })?;
-                self.models[to].1.set_param_tensor(&name, t)?;
+                self.models[to].2.set_param_tensor(&name, t)?;
             }
         }
         self.cache_at = to;
@@ -1336,7 +1338,7 @@ impl Qwen3NextModel {
                 inputs.push((name.as_str(), TensorRef::F32(data)));
             }
         }
-        let mut outs = self.models[idx].1.run(&inputs)?;
+        let mut outs = self.models[idx].2.run(&inputs)?;
         drop(inputs);
         if outs.len() != 1 + self.states.len() {
             return Err(Qwen3NextError::BadOutput {

@@ -137,6 +137,14 @@ fn decode_after_prefill_equals_longer_prefill() {
             assert!(err < 1e-5, "hybrid={hybrid} k={k}: {err}");
             assert_eq!(got.len(), p.ids.len() * vocab);
         }
+        // Step models compiled: 12 (prefill), 1, 3 and 5 tokens, each with
+        // its plan; hybrid ones have compiled segments.
+        let plans = m.plans();
+        assert_eq!(plans.len(), 4);
+        for p in &plans {
+            assert!(p.nodes > 400, "{}: {} nodes", p.name, p.nodes);
+            assert_eq!(p.report.compiled_segments > 0, hybrid, "{}", p.name);
+        }
     }
 }
 
