@@ -83,11 +83,19 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 
 fn check_family(name: &str) {
     let refs = reference(name);
+    let mut thunk_logits: Vec<Vec<f32>> = Vec::new();
     for hybrid in [false, true] {
         let mut m = Qwen3NextModel::load(family_dir(name), 64, opts(hybrid)).unwrap();
         let vocab = m.config().vocab;
-        for p in &refs {
+        for (i, p) in refs.iter().enumerate() {
             let logits = m.prefill(&p.ids).unwrap();
+            // Hybrid equals thunks to 1e-5 relative (DESIGN.md invariant 3).
+            if hybrid {
+                let err = rel_err(&logits, &thunk_logits[i]);
+                assert!(err < 1e-5, "{name}: hybrid vs thunks rel err {err}");
+            } else {
+                thunk_logits.push(logits.clone());
+            }
             let want: Vec<f32> = p.logits.iter().flatten().copied().collect();
             let err = rel_err(&logits, &want);
             eprintln!(
