@@ -13,11 +13,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "model_refs"))
 
+import gdn  # noqa: E402
 import llm  # noqa: E402
 
 FAMILIES = {
     **llm.FAMILIES,
     **llm.REAL,
+    **gdn.FAMILIES,
 }
 # Families that need a fetched model (scripts/fetch_models.py); `all` runs
 # only the random-init ones, which need nothing but the venv.

@@ -18,7 +18,9 @@ pub struct PlanArgs {
     /// attention layers 3:1, synthetic dims), a BERT model directory, or a
     /// llama-architecture `.gguf` file (`smollm2`: the fetched SmolLM2),
     /// planned as its prefill graph of `--seq` tokens (`--seq 1`: the
-    /// decode graph).
+    /// decode graph), or an HF directory of a Qwen3-Next / Qwen3.5 text
+    /// model (`config.json` + `model.safetensors`), planned as its step
+    /// graph of `--seq` tokens over a KV cache of `--ctx` positions.
     #[arg(long, default_value = "bert6")]
     model: String,
     /// GGUF models: KV cache positions.
@@ -227,6 +229,17 @@ fn gguf_graph(a: &PlanArgs) -> Result<rlx::ir::Graph, String> {
     build_graph(&w, phase, a.ctx).map_err(|e| e.to_string())
 }
 
+/// The step graph of a Qwen3-Next-family HF directory (`--seq` tokens,
+/// `--ctx` KV cache positions), as `Qwen3NextModel` compiles it.
+fn qwen3_next_graph(a: &PlanArgs) -> Result<rlx::ir::Graph, String> {
+    use rlx::models::qwen3_next::{build_graph, Qwen3NextConfig, Qwen3NextWeights};
+    let dir = PathBuf::from(&a.model);
+    let cfg = Qwen3NextConfig::from_dir(&dir).map_err(|e| e.to_string())?;
+    checks::in_range("--seq", a.seq, 1, a.ctx, "--ctx")?;
+    let w = Qwen3NextWeights::load(&dir, &cfg).map_err(|e| e.to_string())?;
+    build_graph(&w, a.seq, a.ctx).map_err(|e| e.to_string())
+}
+
 /// `DequantMatMul` nodes by activation precision, e.g. `{"int8": 91}`.
 fn dequant_activations(g: &rlx::ir::Graph) -> std::collections::BTreeMap<&'static str, usize> {
     let mut m = std::collections::BTreeMap::new();
@@ -245,6 +258,8 @@ pub fn run(a: PlanArgs) -> Result<(), String> {
     checks::positive("--seq", a.seq)?;
     let (g, passes) = if gguf {
         (gguf_graph(&a)?, None)
+    } else if rlx::models::qwen3_next::is_supported_dir(std::path::Path::new(&a.model)) {
+        (qwen3_next_graph(&a)?, None)
     } else if a.model == "gdn-hybrid" {
         use rlx::models::recurrent::{hybrid_graph, HybridConfig};
         let g = hybrid_graph(&HybridConfig::small(), a.batch, a.seq).map_err(|e| e.to_string())?;

@@ -6,6 +6,7 @@
 //! - [`gguf_tokenizer`]: byte-level BPE tokenization from GGUF metadata.
 //! - [`llama`]: Llama-family decoders from GGUF (prefill/decode graphs, KV cache, generation).
 //! - [`recurrent`]: a Qwen3-Next-style GatedDeltaNet block and a 3:1 GDN/attention hybrid.
+//! - [`qwen3_next`]: Qwen3-Next and Qwen3.5 text (GatedDeltaNet hybrids) from an HF directory.
 //! - [`sampling`]: greedy / temperature / top-k / top-p sampling.
 //! - [`validate`]: [`ConfigError`], the error of every hyper-parameter check.
 
@@ -17,6 +18,7 @@ pub mod embedder;
 pub mod gguf_tokenizer;
 pub mod llama;
 mod lru;
+pub mod qwen3_next;
 pub mod recurrent;
 pub mod sampling;
 pub mod stop;
