@@ -118,7 +118,10 @@ pub struct GenerateArgs {
     /// `--json` when the file has none) and none is applied.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt", "chat"])]
     prompt_ids: Option<Vec<u32>>,
-    /// A llama-architecture GGUF file (default: the fetched SmolLM2-135M-Instruct Q4_1).
+    /// A GGUF file of a supported decoder (llama, qwen2, qwen3, gemma3), or
+    /// an HF directory (`config.json` + `model.safetensors`) of Qwen3-Next /
+    /// Qwen3.5 text, which takes `--prompt-ids` (default: the fetched
+    /// SmolLM2-135M-Instruct Q4_1).
     #[arg(long)]
     model: Option<PathBuf>,
     /// Most new tokens.
@@ -195,6 +198,9 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         a.ctx - 1,
         "--ctx minus a prompt of at least 1 token",
     )?;
+    if let Some(dir) = a.model.as_ref().filter(|p| p.is_dir()) {
+        return run_hf_dir(&a, dir);
+    }
     let path = resolve_model(&a.model)?;
     let device = llama_device(a.device, a.mode, a.threads)?;
     let (mut model, tok) = if a.prompt_ids.is_some() {
@@ -314,6 +320,91 @@ pub fn run(a: GenerateArgs) -> Result<(), String> {
         n,
         n as f64 / t1.elapsed().as_secs_f64().max(1e-9)
     );
+    Ok(())
+}
+
+/// `rlx generate --model DIR`: a Qwen3-Next / Qwen3.5 text HF directory
+/// (no tokenizer: `--prompt-ids`), on the CPU, sampled as the GGUF path
+/// samples; `--json` prints the same object with an empty `text`.
+fn run_hf_dir(a: &GenerateArgs, dir: &std::path::Path) -> Result<(), String> {
+    use rlx::models::qwen3_next::{self, Qwen3NextModel};
+    if !qwen3_next::is_supported_dir(dir) {
+        let found = std::fs::read_to_string(dir.join("config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|j| {
+                j.get("model_type")
+                    .and_then(|v| v.as_str())
+                    .map(String::from)
+            })
+            .unwrap_or_else(|| "no readable config.json model_type".into());
+        return Err(format!(
+            "--model {}: a directory of model_type '{found}'; directories run model_type {} \
+             (decoders in GGUF files run llama, qwen2, qwen3, gemma3)",
+            dir.display(),
+            qwen3_next::SUPPORTED_MODEL_TYPES.join(", ")
+        ));
+    }
+    if !matches!(a.device, DeviceArg::Cpu) {
+        return Err(format!(
+            "--model {}: Qwen3-Next / Qwen3.5 directories run on the CPU only",
+            dir.display()
+        ));
+    }
+    let Some(prompt) = a.prompt_ids.clone() else {
+        return Err(format!(
+            "--model {}: this directory has no tokenizer rlx reads; give --prompt-ids",
+            dir.display()
+        ));
+    };
+    if prompt.is_empty() {
+        return Err("--prompt-ids is empty".into());
+    }
+    checks::max_tokens(a.max_tokens, prompt.len(), a.ctx)?;
+    let threads = crate::check_threads(a.threads)?;
+    let opts = CpuOptions {
+        hybrid: a.mode == Mode::Hybrid,
+        threads,
+        ..Default::default()
+    };
+    let mut model = Qwen3NextModel::load(dir, a.ctx, opts).map_err(|e| e.to_string())?;
+    let vocab = model.config().vocab;
+    if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab) {
+        return Err(format!(
+            "--prompt-ids: token id {id} is out of range for a vocabulary of {vocab}"
+        ));
+    }
+    let mut sampler = Sampler::new(SamplerConfig {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        top_p: a.top_p,
+        repetition_penalty: a.repeat_penalty,
+        seed: a.seed,
+    })
+    .map_err(|e| e.to_string())?;
+    let all = model.prefill(&prompt).map_err(|e| e.to_string())?;
+    let mut logits = all[all.len() - vocab..].to_vec();
+    let mut history = prompt.clone();
+    let (mut ids, mut tops) = (Vec::new(), Vec::new());
+    for n in 1..=a.max_tokens {
+        let id = sampler
+            .sample(&logits, &history)
+            .map_err(|e| e.to_string())?;
+        ids.push(id);
+        tops.push(top_logits(&logits, a.top_logits));
+        history.push(id);
+        if n < a.max_tokens {
+            logits = model.forward(&[id]).map_err(|e| e.to_string())?;
+        }
+    }
+    if a.json {
+        let obj = serde_json::json!({"prompt_ids": prompt, "ids": ids, "text": "",
+            "top_logits": tops});
+        println!("{obj}");
+    } else {
+        let s: Vec<String> = ids.iter().map(u32::to_string).collect();
+        println!("{}", s.join(","));
+    }
     Ok(())
 }
 
