@@ -2,9 +2,11 @@
 //!
 //! - [`bert`]: BERT encoders from `config.json`.
 //! - [`embedder`]: [`SentenceEmbedder`], sentence embeddings end to end.
+//! - [`st`]: the sentence-transformers files (pooling, Normalize, prompts).
 //! - [`tokenizer`]: BERT WordPiece tokenization via `tokenizers`.
 //! - [`gguf_tokenizer`]: byte-level BPE tokenization from GGUF metadata.
 //! - [`llama`]: Llama-family decoders from GGUF (prefill/decode graphs, KV cache, generation).
+//! - [`reranker`]: [`Reranker`], cross-encoder scores of (query, document) pairs.
 //! - [`recurrent`]: a Qwen3-Next-style GatedDeltaNet block and a 3:1 GDN/attention hybrid.
 //! - [`sampling`]: greedy / temperature / top-k / top-p sampling.
 //! - [`validate`]: [`ConfigError`], the error of every hyper-parameter check.
@@ -18,7 +20,9 @@ pub mod gguf_tokenizer;
 pub mod llama;
 mod lru;
 pub mod recurrent;
+pub mod reranker;
 pub mod sampling;
+pub mod st;
 pub mod stop;
 pub mod tokenizer;
 pub mod validate;
@@ -27,6 +31,8 @@ pub use embedder::{
     CacheStats, EmbedDevice, EmbedOptions, ModelError, SentenceEmbedder, CPU_SEQ_BUCKET,
     CUDA_SEQ_BUCKET, DEFAULT_CACHE_BYTES,
 };
+pub use reranker::{Ranked, Reranker, ScoreActivation};
+pub use st::{Pooling, PoolingMode, StConfig};
 pub use validate::ConfigError;
 
 /// The hybrid plan of one compiled graph, as a model holds it: what
