@@ -13,10 +13,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "model_refs"))
 
+import embed  # noqa: E402
 import gdn  # noqa: E402
 import llm  # noqa: E402
 
+ROOT = str(Path(__file__).resolve().parent.parent)
+
 FAMILIES = {
+    **{n: (lambda f: lambda: f(ROOT))(getattr(embed, n))
+       for n in ("bert_cls", "bert_mean", "bert_max", "gte", "bert_last", "xlmr", "reranker")},
     **llm.FAMILIES,
     **llm.REAL,
     **gdn.FAMILIES,

@@ -94,6 +94,48 @@ class SentenceEmbedder:
     def precision(self) -> str:
         """"f32", "bf16" or "f16"."""
 
+class RankedDocument(TypedDict, total=False):
+    """One document of :meth:`Reranker.rank`."""
+
+    corpus_id: int
+    score: float
+    text: str
+
+class Reranker:
+    """A cross-encoder reranker (a ``BertForSequenceClassification`` with
+    one label, as sentence-transformers' ``CrossEncoder`` saves it).
+
+    Safe to share between threads: calls release the GIL and run one after
+    the other.
+    """
+
+    def __init__(self, model: str | os.PathLike[str], threads: int | None = None) -> None:
+        """Load the cross-encoder directory ``model``. ``threads``: CPU
+        worker threads (None: one per core)."""
+
+    def rerank(self, query: str, documents: Sequence[str]) -> npt.NDArray[np.float32]:
+        """The relevance of each document to ``query``: float32 scores in
+        input order (the model's activation applied, sigmoid by default,
+        as ``CrossEncoder.predict``). Releases the GIL."""
+
+    def rank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        top_k: int | None = None,
+        return_documents: bool = False,
+    ) -> list[RankedDocument]:
+        """The documents best first, as ``CrossEncoder.rank``:
+        ``{"corpus_id", "score"}`` dicts (with ``"text"`` when
+        ``return_documents``), the best ``top_k`` only when given."""
+
+    @property
+    def max_length(self) -> int:
+        """Most tokens read per (query, document) pair."""
+    @property
+    def path(self) -> str:
+        """The model directory."""
+
 class ChatMessage(TypedDict):
     """One chat turn."""
 

@@ -5,6 +5,7 @@ mod checks;
 mod embed;
 mod generate;
 mod plan;
+mod rerank;
 mod serve;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -47,6 +48,8 @@ enum Cmd {
     },
     /// Sentence embeddings as JSON lines (or .npy).
     Embed(embed::EmbedArgs),
+    /// Score documents against a query with a cross-encoder reranker.
+    Rerank(rerank::RerankArgs),
     /// Print the execution plan of a model graph.
     Plan(plan::PlanArgs),
     /// Time a model, printing one JSON line with --json.
@@ -121,6 +124,7 @@ fn main() -> ExitCode {
     let res = match cli.cmd {
         Cmd::Fetch { which } => fetch(&which),
         Cmd::Embed(a) => embed::run(a),
+        Cmd::Rerank(a) => rerank::run(a),
         Cmd::Plan(a) => plan::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Generate(a) => generate::run(a),

@@ -12,6 +12,10 @@ pub struct ServeArgs {
     /// all-MiniLM-L6-v2, fetched if missing).
     #[arg(long)]
     embed_model: Option<String>,
+    /// A cross-encoder reranker directory (BertForSequenceClassification
+    /// with one label), served at `POST /rerank`.
+    #[arg(long)]
+    rerank_model: Option<std::path::PathBuf>,
     /// A llama-architecture GGUF file, or `smollm2` (the fetched
     /// SmolLM2-135M-Instruct Q4_1, fetched if missing).
     #[arg(long)]
@@ -75,6 +79,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
     let llm = resolve(&a.llm, "smollm2", crate::default_smollm2(), "smollm2")?;
     let cfg = rlx_server::ServerConfig {
         embed_model,
+        rerank_model: a.rerank_model,
         llm,
         host: a.host,
         port: a.port,

@@ -48,6 +48,10 @@ pub struct BertConfig {
     /// Model type, e.g. `bert`.
     #[serde(default)]
     pub model_type: String,
+    /// The position of the first token: 0 for BERT; `pad_token_id + 1`
+    /// for (XLM-)RoBERTa, whose position ids start past the padding index.
+    #[serde(default)]
+    pub position_offset: usize,
 }
 
 fn two() -> usize {
@@ -75,7 +79,21 @@ impl BertConfig {
             hidden_act: "gelu".into(),
             architectures: vec!["BertModel".into()],
             model_type: "bert".into(),
+            position_offset: 0,
         }
+    }
+
+    /// Whether `model_type` is one of the RoBERTa family (`roberta`,
+    /// `xlm-roberta`), whose position ids start at `pad_token_id + 1`.
+    pub fn is_roberta(&self) -> bool {
+        matches!(self.model_type.as_str(), "roberta" | "xlm-roberta")
+    }
+
+    /// The longest sequence the position table holds
+    /// (`max_position_embeddings - position_offset`).
+    pub fn max_seq(&self) -> usize {
+        self.max_position_embeddings
+            .saturating_sub(self.position_offset)
     }
 
     /// The FFN activation, or `None` for an unsupported name.
@@ -131,6 +149,12 @@ impl BertConfig {
                 .and_then(|a| a.iter().map(|s| s.as_str().map(str::to_string)).collect())
                 .ok_or_else(|| ConfigError::new(file, "architectures", x, "an array of strings"))?,
         };
+        let model_type = string("model_type", String::new())?;
+        let position_offset = if matches!(model_type.as_str(), "roberta" | "xlm-roberta") {
+            uint("pad_token_id", Some(1))? + 1
+        } else {
+            0
+        };
         Ok(BertConfig {
             hidden_size: uint("hidden_size", None)?,
             num_hidden_layers: uint("num_hidden_layers", None)?,
@@ -142,7 +166,8 @@ impl BertConfig {
             layer_norm_eps,
             hidden_act: string("hidden_act", gelu())?,
             architectures,
-            model_type: string("model_type", String::new())?,
+            model_type,
+            position_offset,
         })
     }
 
@@ -180,6 +205,17 @@ impl BertConfig {
         positive("vocab_size", self.vocab_size)?;
         positive("max_position_embeddings", self.max_position_embeddings)?;
         positive("type_vocab_size", self.type_vocab_size)?;
+        if self.position_offset >= self.max_position_embeddings {
+            return Err(ConfigError::new(
+                file,
+                "pad_token_id",
+                self.position_offset.saturating_sub(1),
+                format!(
+                    "below max_position_embeddings {} - 1 (positions start at pad_token_id + 1)",
+                    self.max_position_embeddings
+                ),
+            ));
+        }
         positive_finite(file, "layer_norm_eps", self.layer_norm_eps as f64)?;
         if self.activation().is_none() {
             return Err(ConfigError::new(
@@ -317,7 +353,9 @@ impl BertConfig {
 /// What the graph returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BertOutputs {
-    /// Mean pooling over the mask, then L2 normalization (`[B, H]`).
+    /// The pooled sentence vector (`[B, P]`; mean pooling then L2
+    /// normalization in [`build_graph`], the given pooling in
+    /// [`build_graph_pooled`]).
     pub pooled: bool,
     /// The last hidden states (`[B, S, H]`).
     pub tokens: bool,
@@ -327,29 +365,120 @@ pub struct BertOutputs {
 ///
 /// Inputs: `input_ids` i64 `[B, S]`, `token_type_ids` i64 `[B, S]`,
 /// `attention_mask` f32 `[B, S]` (1 = token, 0 = padding), used as a
-/// `MaskKind::Custom` keep-mask. Outputs in order: pooled, then tokens.
+/// `MaskKind::Custom` keep-mask. Outputs in order: pooled (mean pooling,
+/// L2-normalized), then tokens.
 pub fn build_graph(
     cfg: &BertConfig,
     batch: usize,
     seq: usize,
     outs: BertOutputs,
 ) -> Result<Graph, IrError> {
-    check_shape_args(cfg, batch, seq)?;
+    build_graph_pooled(cfg, batch, seq, outs, &crate::st::Pooling::default())
+}
+
+/// The extra `[B, S]` f32 inputs a pooling needs besides `attention_mask`
+/// (see [`build_graph_pooled`] and [`pool_inputs`]).
+pub fn pool_input_names(pooling: &crate::st::Pooling) -> Vec<&'static str> {
+    use crate::st::PoolingMode as M;
+    if pooling.is_plain_mean() {
+        return vec![];
+    }
+    let mut v = Vec::new();
+    if !pooling.include_prompt {
+        v.push(POOL_MASK);
+    }
+    for m in &pooling.modes {
+        let name = match m {
+            M::Cls => POOL_CLS,
+            M::LastToken => POOL_LAST,
+            M::WeightedMean => POOL_WEIGHTS,
+            M::Mean | M::Max | M::MeanSqrtLen => continue,
+        };
+        if !v.contains(&name) {
+            v.push(name);
+        }
+    }
+    v
+}
+
+/// The pooling mask input (the attention mask with the prompt's tokens
+/// zeroed) when `include_prompt` is false.
+pub const POOL_MASK: &str = "pool_mask";
+/// The one-hot row selecting the first kept token (CLS pooling).
+pub const POOL_CLS: &str = "pool_cls";
+/// The one-hot row selecting the last kept token (last-token pooling).
+pub const POOL_LAST: &str = "pool_last";
+/// The position weights of weighted-mean pooling (kept tokens' position + 1).
+pub const POOL_WEIGHTS: &str = "pool_weights";
+
+/// The values of the inputs [`pool_input_names`] lists, for a right-padded
+/// batch of `lengths` (tokens per row) padded to `seq`, with the first
+/// `prompt_len` tokens of each row excluded from pooling when
+/// `include_prompt` is false (sentence-transformers' `prompt_length`:
+/// `[CLS]` and the prompt's tokens). In the order of [`pool_input_names`].
+pub fn pool_inputs(
+    pooling: &crate::st::Pooling,
+    lengths: &[usize],
+    seq: usize,
+    prompt_len: usize,
+) -> Vec<(&'static str, Vec<f32>)> {
+    let b = lengths.len();
+    let skip = if pooling.include_prompt {
+        0
+    } else {
+        prompt_len
+    };
+    // The pooling mask: kept tokens of each row.
+    let kept = |r: usize, t: usize| t < lengths[r] && t >= skip;
+    pool_input_names(pooling)
+        .into_iter()
+        .map(|name| {
+            let mut v = vec![0f32; b * seq];
+            for (r, row) in v.chunks_mut(seq).enumerate() {
+                match name {
+                    POOL_MASK => (0..seq).filter(|&t| kept(r, t)).for_each(|t| row[t] = 1.0),
+                    // sentence-transformers: argmax of the mask, 0 when none is kept.
+                    POOL_CLS => row[(0..seq).find(|&t| kept(r, t)).unwrap_or(0)] = 1.0,
+                    // The last kept token, times its mask (0 when none is kept).
+                    POOL_LAST => {
+                        if let Some(t) = (0..seq).rev().find(|&t| kept(r, t)) {
+                            row[t] = 1.0;
+                        }
+                    }
+                    _ => (0..seq)
+                        .filter(|&t| kept(r, t))
+                        .for_each(|t| row[t] = (t + 1) as f32),
+                }
+            }
+            (name, v)
+        })
+        .collect()
+}
+
+/// Gather the embeddings and run the encoder layers: the token states
+/// `[B, S, H]`, the `attention_mask` input, and the params by name.
+fn encoder(
+    g: &mut Graph,
+    cfg: &BertConfig,
+    batch: usize,
+    seq: usize,
+    extra_params: &[(String, Vec<usize>, bool)],
+) -> Result<(NodeId, NodeId, std::collections::HashMap<String, NodeId>), IrError> {
     let (b, s, h) = (batch, seq, cfg.hidden_size);
     let heads = cfg.num_attention_heads;
     let act = cfg.activation().unwrap_or(Activation::Gelu);
     let eps = cfg.layer_norm_eps;
-    let mut g = Graph::new(format!("bert{}x{}", b, s));
     let ids = g.input("input_ids", Shape::new(&[b, s], DType::I64));
     let tt = g.input("token_type_ids", Shape::new(&[b, s], DType::I64));
     let mask = g.input("attention_mask", Shape::new(&[b, s], DType::F32));
     let mut params = std::collections::HashMap::new();
-    for (name, dims, _) in cfg.params() {
-        let id = g.param(&name, Shape::new(&dims, DType::F32));
-        params.insert(name, id);
+    for (name, dims, _) in cfg.params().iter().chain(extra_params) {
+        let id = g.param(name, Shape::new(dims, DType::F32));
+        params.insert(name.clone(), id);
     }
     let p = |n: &str| params[n];
-    let pos = g.constant(Tensor::i64(&[s], (0..s as i64).collect()));
+    let off = cfg.position_offset as i64;
+    let pos = g.constant(Tensor::i64(&[s], (off..off + s as i64).collect()));
     let word = g.push(
         Op::Gather { axis: 0 },
         vec![p("embeddings.word_embeddings.weight"), ids],
@@ -367,27 +496,15 @@ pub fn build_graph(
     let ln = |g: &mut Graph, x: NodeId, pre: &str| {
         g.push(
             Op::LayerNorm { axis: -1, eps },
-            vec![p(&format!("{pre}.weight")), p(&format!("{pre}.bias"))]
-                .into_iter()
-                .fold(vec![x], |mut v, i| {
-                    v.push(i);
-                    v
-                }),
+            vec![x, p(&format!("{pre}.weight")), p(&format!("{pre}.bias"))],
         )
     };
-    let linear = |g: &mut Graph, x: NodeId, pre: &str| -> Result<NodeId, IrError> {
-        let m = g.push(Op::MatMul, vec![x, p(&format!("{pre}.weight"))])?;
-        g.push(
-            Op::Binary(BinaryOp::Add),
-            vec![m, p(&format!("{pre}.bias"))],
-        )
-    };
-    let mut x = ln(&mut g, e, "embeddings.LayerNorm")?;
+    let mut x = ln(g, e, "embeddings.LayerNorm")?;
     for l in 0..cfg.num_hidden_layers {
         let pre = format!("encoder.layer.{l}.");
-        let q = linear(&mut g, x, &format!("{pre}attention.self.query"))?;
-        let k = linear(&mut g, x, &format!("{pre}attention.self.key"))?;
-        let v = linear(&mut g, x, &format!("{pre}attention.self.value"))?;
+        let q = linear(g, &params, x, &format!("{pre}attention.self.query"))?;
+        let k = linear(g, &params, x, &format!("{pre}attention.self.key"))?;
+        let v = linear(g, &params, x, &format!("{pre}attention.self.value"))?;
         let a = g.push(
             Op::Attention {
                 num_heads: heads,
@@ -398,18 +515,63 @@ pub fn build_graph(
             },
             vec![q, k, v, mask],
         )?;
-        let o = linear(&mut g, a, &format!("{pre}attention.output.dense"))?;
+        let o = linear(g, &params, a, &format!("{pre}attention.output.dense"))?;
         let r = g.push(Op::Binary(BinaryOp::Add), vec![o, x])?;
-        x = ln(&mut g, r, &format!("{pre}attention.output.LayerNorm"))?;
-        let f = linear(&mut g, x, &format!("{pre}intermediate.dense"))?;
+        x = ln(g, r, &format!("{pre}attention.output.LayerNorm"))?;
+        let f = linear(g, &params, x, &format!("{pre}intermediate.dense"))?;
         let f = g.push(Op::Activation(act), vec![f])?;
-        let o = linear(&mut g, f, &format!("{pre}output.dense"))?;
+        let o = linear(g, &params, f, &format!("{pre}output.dense"))?;
         let r = g.push(Op::Binary(BinaryOp::Add), vec![o, x])?;
-        x = ln(&mut g, r, &format!("{pre}output.LayerNorm"))?;
+        x = ln(g, r, &format!("{pre}output.LayerNorm"))?;
     }
+    Ok((x, mask, params))
+}
+
+/// `x W + b` for the params `{pre}.weight` (bound `[in, out]`) and `{pre}.bias`.
+fn linear(
+    g: &mut Graph,
+    params: &std::collections::HashMap<String, NodeId>,
+    x: NodeId,
+    pre: &str,
+) -> Result<NodeId, IrError> {
+    let m = g.push(Op::MatMul, vec![x, params[&format!("{pre}.weight")]])?;
+    g.push(
+        Op::Binary(BinaryOp::Add),
+        vec![m, params[&format!("{pre}.bias")]],
+    )
+}
+
+/// [`build_graph`] with a sentence-transformers pooling: the pooled output
+/// is `pooling`'s modes concatenated (`[B, modes * H]`), L2-normalized if
+/// `pooling.normalize`. Mean pooling with the prompt included uses only
+/// `attention_mask` (the graph of [`build_graph`]); other poolings take the
+/// extra `[B, S]` f32 inputs of [`pool_input_names`], whose values
+/// [`pool_inputs`] computes.
+pub fn build_graph_pooled(
+    cfg: &BertConfig,
+    batch: usize,
+    seq: usize,
+    outs: BertOutputs,
+    pooling: &crate::st::Pooling,
+) -> Result<Graph, IrError> {
+    check_shape_args(cfg, batch, seq)?;
+    if pooling.modes.is_empty() {
+        return Err(IrError::InvalidArgument {
+            what: "pooling modes".into(),
+            value: "none".into(),
+            expected: format!("at least one of {}", crate::st::POOLING_MODES),
+        });
+    }
+    let mut g = Graph::new(format!("bert{}x{}", batch, seq));
+    let (x, mask, _) = encoder(&mut g, cfg, batch, seq, &[])?;
     let mut outputs = Vec::new();
     if outs.pooled {
-        outputs.push(mean_pool(&mut g, x, mask, true)?);
+        let pooled = if pooling.is_plain_mean() {
+            mean_pool(&mut g, x, mask, pooling.normalize)?
+        } else {
+            general_pool(&mut g, x, mask, pooling, batch, seq)?
+        };
+        outputs.push(pooled);
     }
     if outs.tokens {
         outputs.push(x);
@@ -418,10 +580,191 @@ pub fn build_graph(
     Ok(g)
 }
 
+/// Every pooling mode in graph ops (see [`build_graph_pooled`]).
+fn general_pool(
+    g: &mut Graph,
+    x: NodeId,
+    attention_mask: NodeId,
+    pooling: &crate::st::Pooling,
+    b: usize,
+    s: usize,
+) -> Result<NodeId, IrError> {
+    use crate::st::PoolingMode as M;
+    let mut inputs = std::collections::HashMap::new();
+    for name in pool_input_names(pooling) {
+        inputs.insert(name, g.input(name, Shape::new(&[b, s], DType::F32)));
+    }
+    let mask = inputs.get(POOL_MASK).copied().unwrap_or(attention_mask);
+    let sum_1 = |g: &mut Graph, x: NodeId, keep_dims: bool| {
+        g.push(
+            Op::Reduce {
+                op: ReduceOp::Sum,
+                axes: vec![1],
+                keep_dims,
+            },
+            vec![x],
+        )
+    };
+    // sum over the sequence of x weighted by w [B, S]: [B, H].
+    let weighted_sum = |g: &mut Graph, w: NodeId| -> Result<NodeId, IrError> {
+        let w3 = g.push(
+            Op::Reshape {
+                shape: vec![b, s, 1],
+            },
+            vec![w],
+        )?;
+        let xw = g.push(Op::Binary(BinaryOp::Mul), vec![x, w3])?;
+        sum_1(g, xw, false)
+    };
+    // The token count (or weight sum) of w, floored at 1e-9: [B, 1].
+    let count = |g: &mut Graph, w: NodeId| -> Result<NodeId, IrError> {
+        let c = sum_1(g, w, true)?;
+        let tiny = g.constant(Tensor::f32(&[1], vec![1e-9]));
+        g.push(Op::Binary(BinaryOp::Max), vec![c, tiny])
+    };
+    let mut parts = Vec::new();
+    let mut mean_sum = None;
+    for m in &pooling.modes {
+        let v = match m {
+            M::Cls => weighted_sum(g, inputs[POOL_CLS])?,
+            M::LastToken => weighted_sum(g, inputs[POOL_LAST])?,
+            M::Mean | M::MeanSqrtLen => {
+                let (sum, cnt) = match mean_sum {
+                    Some(sc) => sc,
+                    None => {
+                        let sc = (weighted_sum(g, mask)?, count(g, mask)?);
+                        mean_sum = Some(sc);
+                        sc
+                    }
+                };
+                let den = if *m == M::Mean {
+                    cnt
+                } else {
+                    g.push(Op::Activation(Activation::Sqrt), vec![cnt])?
+                };
+                g.push(Op::Binary(BinaryOp::Div), vec![sum, den])?
+            }
+            M::WeightedMean => {
+                let w = inputs[POOL_WEIGHTS];
+                let sum = weighted_sum(g, w)?;
+                let cnt = count(g, w)?;
+                g.push(Op::Binary(BinaryOp::Div), vec![sum, cnt])?
+            }
+            M::Max => {
+                // x where kept, x - 1e30 (below every real value) elsewhere.
+                let m3 = g.push(
+                    Op::Reshape {
+                        shape: vec![b, s, 1],
+                    },
+                    vec![mask],
+                )?;
+                let one = g.constant(Tensor::f32(&[1], vec![1.0]));
+                let big = g.constant(Tensor::f32(&[1], vec![1e30]));
+                let off = g.push(Op::Binary(BinaryOp::Sub), vec![m3, one])?;
+                let off = g.push(Op::Binary(BinaryOp::Mul), vec![off, big])?;
+                let xm = g.push(Op::Binary(BinaryOp::Add), vec![x, off])?;
+                g.push(
+                    Op::Reduce {
+                        op: ReduceOp::Max,
+                        axes: vec![1],
+                        keep_dims: false,
+                    },
+                    vec![xm],
+                )?
+            }
+        };
+        parts.push(v);
+    }
+    let pooled = if parts.len() == 1 {
+        parts[0]
+    } else {
+        g.push(Op::Concat { axis: 1 }, parts)?
+    };
+    if pooling.normalize {
+        l2_normalize(g, pooled)
+    } else {
+        Ok(pooled)
+    }
+}
+
+/// `v / max(||v||, 1e-12)` along the last axis of a `[B, P]` node (as
+/// `torch.nn.functional.normalize`).
+fn l2_normalize(g: &mut Graph, v: NodeId) -> Result<NodeId, IrError> {
+    let sq = g.push(Op::Binary(BinaryOp::Mul), vec![v, v])?;
+    let ss = g.push(
+        Op::Reduce {
+            op: ReduceOp::Sum,
+            axes: vec![1],
+            keep_dims: true,
+        },
+        vec![sq],
+    )?;
+    let norm = g.push(Op::Activation(Activation::Sqrt), vec![ss])?;
+    let eps12 = g.constant(Tensor::f32(&[1], vec![1e-12]));
+    let norm = g.push(Op::Binary(BinaryOp::Max), vec![norm, eps12])?;
+    g.push(Op::Binary(BinaryOp::Div), vec![v, norm])
+}
+
+/// The params of a `BertForSequenceClassification` head beside
+/// [`BertConfig::params`]: the pooler (`pooler.dense`, `[H, H]`) and the
+/// classifier (`classifier`, `[H, labels]`), linear weights bound
+/// `[in, out]` (stored transposed).
+pub fn classifier_params(cfg: &BertConfig, labels: usize) -> Vec<(String, Vec<usize>, bool)> {
+    let h = cfg.hidden_size;
+    vec![
+        ("pooler.dense.weight".into(), vec![h, h], true),
+        ("pooler.dense.bias".into(), vec![h], false),
+        ("classifier.weight".into(), vec![h, labels], true),
+        ("classifier.bias".into(), vec![labels], false),
+    ]
+}
+
+/// A `BertForSequenceClassification` graph for `batch x seq` tokens (the
+/// inputs of [`build_graph`]): the `[CLS]` state through the pooler
+/// (dense + tanh) and the classifier, one output, the logits `[B, labels]`.
+pub fn build_classifier_graph(
+    cfg: &BertConfig,
+    batch: usize,
+    seq: usize,
+    labels: usize,
+) -> Result<Graph, IrError> {
+    check_shape_args(cfg, batch, seq)?;
+    if labels == 0 {
+        return Err(IrError::InvalidArgument {
+            what: "num_labels".into(),
+            value: "0".into(),
+            expected: "at least 1".into(),
+        });
+    }
+    let mut g = Graph::new(format!("bert_classifier{}x{}", batch, seq));
+    let extra = classifier_params(cfg, labels);
+    let (x, _, params) = encoder(&mut g, cfg, batch, seq, &extra)?;
+    let h = cfg.hidden_size;
+    let cls = g.push(
+        Op::Narrow {
+            axis: 1,
+            start: 0,
+            len: 1,
+        },
+        vec![x],
+    )?;
+    let cls = g.push(
+        Op::Reshape {
+            shape: vec![batch, h],
+        },
+        vec![cls],
+    )?;
+    let p = linear(&mut g, &params, cls, "pooler.dense")?;
+    let p = g.push(Op::Activation(Activation::Tanh), vec![p])?;
+    let logits = linear(&mut g, &params, p, "classifier")?;
+    g.set_outputs(vec![logits]);
+    Ok(g)
+}
+
 /// Check a config and a `batch x seq` request before a graph is built
 /// (nothing is allocated from them before this passes): the config's ranges
 /// ([`BertConfig::validate`]), `batch >= 1`, and
-/// `1 <= seq <= max_position_embeddings`.
+/// `1 <= seq <= max_position_embeddings - position_offset`.
 pub fn check_shape_args(cfg: &BertConfig, batch: usize, seq: usize) -> Result<(), IrError> {
     cfg.validate("config")
         .map_err(|e| IrError::InvalidArgument {
@@ -436,34 +779,60 @@ pub fn check_shape_args(cfg: &BertConfig, batch: usize, seq: usize) -> Result<()
             expected: "at least 1".into(),
         });
     }
-    if seq == 0 || seq > cfg.max_position_embeddings {
+    if seq == 0 || seq > cfg.max_seq() {
         return Err(IrError::InvalidArgument {
             what: "seq".into(),
             value: seq.to_string(),
             expected: format!(
                 "1..={} (max_position_embeddings: the model's position table)",
-                cfg.max_position_embeddings
+                cfg.max_seq()
             ),
         });
     }
     Ok(())
 }
 
+/// The architectures [`load_dir_config`] accepts.
+pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, BertForSequenceClassification, \
+     XLMRobertaModel, RobertaModel (model_type bert, xlm-roberta or roberta)";
+
+/// The prefix of the encoder's tensor names in a weight file: `""` for a
+/// base model's file (`embeddings.word_embeddings.weight`), `bert.` or
+/// `roberta.` for a task model's (`bert.embeddings...`), `""` if none
+/// matches (the loader then names the missing tensor).
+pub fn weight_prefix<'a>(names: impl IntoIterator<Item = &'a str>) -> &'static str {
+    let names: Vec<&str> = names.into_iter().collect();
+    for pre in ["", "bert.", "roberta."] {
+        let want = format!("{pre}embeddings.word_embeddings.weight");
+        if names.iter().any(|n| *n == want) {
+            return pre;
+        }
+    }
+    ""
+}
+
 /// Read and check a BERT model directory's configs without reading the
 /// weights: `config.json` (each key typed and range-checked, see
-/// [`BertConfig::from_json`] and [`BertConfig::validate`]), checked against
+/// [`BertConfig::from_json`] and [`BertConfig::validate`]; the
+/// architecture one of [`SUPPORTED_ARCHITECTURES`]), checked against
 /// the tensor names and shapes in `model.safetensors`'s header when the file
-/// is there ([`BertConfig::check_tensors`]), and `max_seq_length` of
-/// `sentence_bert_config.json` (a positive integer at most
-/// `max_position_embeddings`). Returns the config and the tokenizer's
-/// maximum length (`max_seq_length`, else `max_position_embeddings`).
+/// is there ([`BertConfig::check_tensors`]), and the maximum sequence
+/// length: `max_seq_length` of `sentence_bert_config.json` (a positive
+/// integer at most the position table's length), else `model_max_length` of
+/// `tokenizer_config.json` (where sentence-transformers 5+ saves it, capped
+/// at the position table's length), else the position table's length
+/// ([`BertConfig::max_seq`]). Returns the config and that length.
 pub fn load_dir_config(dir: &Path) -> Result<(BertConfig, usize), ModelError> {
     let cfg_path = dir.join("config.json");
     let file = cfg_path.display().to_string();
     let raw = read_json(&cfg_path)?;
     let cfg = BertConfig::from_json(&file, &raw)?;
-    let is_bert =
-        cfg.model_type == "bert" || cfg.architectures.iter().any(|a| a.starts_with("Bert"));
+    let family = ["Bert", "XLMRoberta", "Roberta"];
+    let is_bert = matches!(cfg.model_type.as_str(), "bert" | "roberta" | "xlm-roberta")
+        || cfg
+            .architectures
+            .iter()
+            .any(|a| family.iter().any(|f| a.starts_with(f)));
     if !is_bert || cfg.activation().is_none() {
         return Err(ModelError::UnknownArchitecture {
             path: cfg_path,
@@ -475,18 +844,24 @@ pub fn load_dir_config(dir: &Path) -> Result<(BertConfig, usize), ModelError> {
     let weights = dir.join("model.safetensors");
     if weights.is_file() {
         let st = rlx_formats::SafeTensorsFile::open(&weights)?;
-        cfg.check_tensors(&file, "model.safetensors", st.names(), |n| {
-            st.info(n).map(|(_, d)| d)
+        let pre = weight_prefix(st.names());
+        let names: Vec<&str> = st
+            .names()
+            .into_iter()
+            .filter_map(|n| n.strip_prefix(pre))
+            .collect();
+        cfg.check_tensors(&file, "model.safetensors", names, |n| {
+            st.info(&format!("{pre}{n}")).map(|(_, d)| d)
         })?;
     }
-    let max_pos = cfg.max_position_embeddings;
+    let max_pos = cfg.max_seq();
     let st_path = dir.join("sentence_bert_config.json");
-    let max_len = if st_path.exists() {
+    let from_st = if st_path.exists() {
         let st_file = st_path.display().to_string();
         match read_json(&st_path)?.get("max_seq_length") {
-            None | Some(Value::Null) => max_pos,
+            None | Some(Value::Null) => None,
             Some(v) => match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
-                Some(n) if (1..=max_pos).contains(&n) => n,
+                Some(n) if (1..=max_pos).contains(&n) => Some(n),
                 _ => {
                     return Err(ConfigError::new(
                         st_file,
@@ -499,9 +874,40 @@ pub fn load_dir_config(dir: &Path) -> Result<(BertConfig, usize), ModelError> {
             },
         }
     } else {
-        max_pos
+        None
+    };
+    let max_len = match from_st {
+        Some(n) => n,
+        None => tokenizer_max_length(dir)?.map_or(max_pos, |n| n.min(max_pos)),
     };
     Ok((cfg, max_len))
+}
+
+/// `model_max_length` of `dir/tokenizer_config.json`, if the file and the
+/// key are there (a huge value, as transformers writes for "no limit",
+/// reads as `usize::MAX`).
+pub fn tokenizer_max_length(dir: &Path) -> Result<Option<usize>, ModelError> {
+    let path = dir.join("tokenizer_config.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    match read_json(&path)?.get("model_max_length") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(x) if x >= 1.0 => Ok(Some(if x >= usize::MAX as f64 {
+                usize::MAX
+            } else {
+                x as usize
+            })),
+            _ => Err(ConfigError::new(
+                path.display().to_string(),
+                "model_max_length",
+                v,
+                "a positive number",
+            )
+            .into()),
+        },
+    }
 }
 
 fn read_json(path: &Path) -> Result<Value, ModelError> {

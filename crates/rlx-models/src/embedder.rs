@@ -1,8 +1,9 @@
 //! `SentenceEmbedder`: a sentence-transformers BERT directory in, normalized
 //! embeddings out.
 
-use crate::bert::{build_graph, BertConfig, BertOutputs};
+use crate::bert::{build_graph_pooled, pool_inputs, BertConfig, BertOutputs};
 use crate::lru::ByteLru;
+use crate::st::{Pooling, StConfig};
 use crate::tokenizer::{Batch, BertTokenizer, TokenizerError};
 use rlx_cpu::{CpuModel, CpuOptions};
 use rlx_formats::{FormatError, SafeTensorsFile};
@@ -30,7 +31,10 @@ pub enum ModelError {
         message: String,
     },
     /// The directory holds an architecture rlx does not build.
-    #[error("{path}: unsupported architecture {found:?} (model_type '{model_type}'); rlx embeds BERT-family models")]
+    #[error(
+        "{path}: unsupported architecture {found:?} (model_type '{model_type}'); supported: {}",
+        crate::bert::SUPPORTED_ARCHITECTURES
+    )]
     UnknownArchitecture {
         /// The config file.
         path: PathBuf,
@@ -38,6 +42,44 @@ pub enum ModelError {
         found: Vec<String>,
         /// `model_type` in the config.
         model_type: String,
+    },
+    /// `modules.json` lists a sentence-transformers module rlx does not run.
+    #[error("{path}: unsupported sentence-transformers module {found:?}; supported: {supported}")]
+    UnsupportedModule {
+        /// The `modules.json` file.
+        path: PathBuf,
+        /// The module's `type`.
+        found: String,
+        /// The module types rlx runs.
+        supported: &'static str,
+    },
+    /// A Pooling module's config names a mode rlx does not know.
+    #[error("{path}: unsupported pooling mode {found}; supported: {supported}")]
+    UnsupportedPooling {
+        /// The Pooling module's `config.json`.
+        path: PathBuf,
+        /// The mode found.
+        found: String,
+        /// The modes rlx pools with.
+        supported: &'static str,
+    },
+    /// A prompt name that the model's `config_sentence_transformers.json`
+    /// does not define.
+    #[error("unknown prompt name {name:?}; the model's prompts: {known}")]
+    UnknownPrompt {
+        /// The name asked for.
+        name: String,
+        /// The names the model defines.
+        known: String,
+    },
+    /// The directory is not a model of the kind asked for (e.g. a
+    /// cross-encoder given to the embedder).
+    #[error("{path}: {message}")]
+    WrongKind {
+        /// The config file.
+        path: PathBuf,
+        /// What was found and what was expected.
+        message: String,
     },
     /// A weight file problem (missing tensor, wrong shape or dtype, corrupt file).
     #[error(transparent)]
@@ -177,6 +219,7 @@ pub const CUDA_SEQ_BUCKET: usize = 32;
 /// A loaded sentence-embedding model.
 pub struct SentenceEmbedder {
     cfg: BertConfig,
+    st: StConfig,
     tokenizer: BertTokenizer,
     weights: Vec<(String, Tensor)>,
     opts: EmbedOptions,
@@ -209,39 +252,12 @@ impl SentenceEmbedder {
     ) -> Result<Self, ModelError> {
         let dir = dir.as_ref();
         let (cfg, max_len) = crate::bert::load_dir_config(dir)?;
+        let st = StConfig::from_dir(dir)?;
         let tokenizer = BertTokenizer::from_dir(dir, Some(max_len))?;
-        let weights_path = dir.join("model.safetensors");
-        if !weights_path.exists() {
-            return Err(ModelError::MissingFile {
-                path: weights_path,
-                what: "the model weights",
-            });
-        }
-        let file = SafeTensorsFile::open(&weights_path)?;
-        let mut weights = Vec::new();
-        for (name, dims, transposed) in cfg.params() {
-            let stored = if transposed {
-                vec![dims[1], dims[0]]
-            } else {
-                dims.clone()
-            };
-            let data = file.tensor_f32(&name, &stored)?;
-            let v = if transposed {
-                let (o, i) = (stored[0], stored[1]);
-                let mut t = vec![0f32; o * i];
-                for r in 0..o {
-                    for c in 0..i {
-                        t[c * o + r] = data[r * i + c];
-                    }
-                }
-                t
-            } else {
-                data.into_owned()
-            };
-            weights.push((name, Tensor::f32(&dims, v)));
-        }
+        let weights = load_weights(dir, &cfg.params())?;
         Ok(SentenceEmbedder {
             cfg,
+            st,
             tokenizer,
             weights,
             opts,
@@ -271,7 +287,7 @@ impl SentenceEmbedder {
         seq: usize,
         tokens: bool,
     ) -> Result<rlx_ir::Graph, ModelError> {
-        let g = build_graph(
+        let g = build_graph_pooled(
             &self.cfg,
             batch,
             seq,
@@ -279,6 +295,7 @@ impl SentenceEmbedder {
                 pooled: true,
                 tokens,
             },
+            &self.st.pooling,
         )
         .map_err(|e| ModelError::Graph(e.to_string()))?;
         if !self.opts.optimize {
@@ -303,9 +320,30 @@ impl SentenceEmbedder {
         &self.tokenizer
     }
 
-    /// Embedding width.
+    /// Embedding width (the hidden size times the number of pooling modes).
     pub fn dim(&self) -> usize {
-        self.cfg.hidden_size
+        self.st.pooling.dim(self.cfg.hidden_size)
+    }
+
+    /// What the directory's sentence-transformers files say: pooling,
+    /// normalization, prompts.
+    pub fn st_config(&self) -> &StConfig {
+        &self.st
+    }
+
+    /// The pooling (modes, `include_prompt`, normalization).
+    pub fn pooling(&self) -> &Pooling {
+        &self.st.pooling
+    }
+
+    /// The model's named prompts (`config_sentence_transformers.json`).
+    pub fn prompts(&self) -> &std::collections::BTreeMap<String, String> {
+        &self.st.prompts
+    }
+
+    /// The prompt [`embed`](Self::embed) prepends (`default_prompt_name`), if any.
+    pub fn default_prompt_name(&self) -> Option<&str> {
+        self.st.default_prompt_name.as_deref()
     }
 
     /// The compiled model for exactly this batch shape, compiling it on
@@ -377,9 +415,36 @@ impl SentenceEmbedder {
         }
     }
 
-    /// Embed `texts` as one padded batch: one L2-normalized vector per text.
+    /// Embed `texts` as one padded batch: one vector per text (L2-normalized
+    /// when the model has a Normalize module, or has no `modules.json`).
+    /// The model's default prompt (`default_prompt_name`), if any, is
+    /// prepended to each text, as sentence-transformers' `encode` does.
     pub fn embed(&mut self, texts: &[&str]) -> Result<Vec<Vec<f32>>, ModelError> {
-        Ok(self.embed_batch(texts, false)?.0)
+        Ok(self.embed_batch(texts, false, None)?.0)
+    }
+
+    /// [`embed`](Self::embed) with the prompt named `prompt_name` (e.g.
+    /// e5's `"query"`) prepended to each text; `None` is the default
+    /// prompt. A name the model does not define is
+    /// [`ModelError::UnknownPrompt`].
+    pub fn embed_with_prompt(
+        &mut self,
+        texts: &[&str],
+        prompt_name: Option<&str>,
+    ) -> Result<Embeddings, ModelError> {
+        let prompt = self.st.prompt(prompt_name)?.to_string();
+        Ok(self.embed_batch(texts, false, Some(&prompt))?.0)
+    }
+
+    /// [`embed`](Self::embed) with `prompt` itself prepended to each text
+    /// (`""` for none, overriding the default prompt), as
+    /// sentence-transformers' `encode(prompt=...)`.
+    pub fn embed_with_prompt_text(
+        &mut self,
+        texts: &[&str],
+        prompt: &str,
+    ) -> Result<Embeddings, ModelError> {
+        Ok(self.embed_batch(texts, false, Some(prompt))?.0)
     }
 
     /// Embed, also returning the last hidden states per text (`len x hidden`, unpadded).
@@ -387,20 +452,44 @@ impl SentenceEmbedder {
         &mut self,
         texts: &[&str],
     ) -> Result<(Embeddings, Embeddings), ModelError> {
-        let (e, t) = self.embed_batch(texts, true)?;
+        let (e, t) = self.embed_batch(texts, true, None)?;
         Ok((e, t.unwrap_or_default()))
     }
 
+    /// `prompt`: `None` is the default prompt.
     fn embed_batch(
         &mut self,
         texts: &[&str],
         tokens: bool,
+        prompt: Option<&str>,
     ) -> Result<(Embeddings, Option<Embeddings>), ModelError> {
         if texts.is_empty() {
             return Ok((vec![], tokens.then(Vec::new)));
         }
-        let batch = self.tokenizer.encode_batch(texts)?;
-        self.run_batch(batch, tokens)
+        let prompt = match prompt {
+            Some(p) => p.to_string(),
+            None => self.st.prompt(None)?.to_string(),
+        };
+        let prompt_len = if prompt.is_empty() {
+            0
+        } else {
+            self.tokenizer.prompt_length(&prompt)?
+        };
+        let lower = self.st.do_lower_case;
+        let inputs: Vec<String> = texts
+            .iter()
+            .map(|t| {
+                let t = format!("{prompt}{t}");
+                if lower {
+                    t.to_lowercase()
+                } else {
+                    t
+                }
+            })
+            .collect();
+        let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+        let batch = self.tokenizer.encode_batch(&refs)?;
+        self.run_batch(batch, tokens, prompt_len)
     }
 
     /// Embed rows of token ids used as they are (special tokens such as
@@ -450,36 +539,33 @@ impl SentenceEmbedder {
                 .attention_mask
                 .extend(std::iter::repeat_n(0.0f32, seq - r.len()));
         }
-        Ok(self.run_batch(batch, false)?.0)
+        Ok(self.run_batch(batch, false, 0)?.0)
     }
 
-    /// Run one tokenized batch (padded to the device's bucket first).
+    /// Run one tokenized batch (padded to the device's bucket first);
+    /// `prompt_len` tokens at the start of each row are the prompt's.
     fn run_batch(
         &mut self,
         batch: Batch,
         tokens: bool,
+        prompt_len: usize,
     ) -> Result<(Embeddings, Option<Embeddings>), ModelError> {
+        let (h, dim) = (self.cfg.hidden_size, self.dim());
         #[cfg(feature = "cuda")]
         if let EmbedDevice::Cuda(opts) = &self.device {
             let opts = opts.clone();
-            let padded = pad_batch(batch, CUDA_SEQ_BUCKET, self.cfg.max_position_embeddings);
-            let outs = self.run_cuda(&padded, tokens, &opts)?;
+            let padded = pad_batch(batch, CUDA_SEQ_BUCKET, self.cfg.max_seq());
+            let pool = pool_inputs(&self.st.pooling, &padded.lengths, padded.seq, prompt_len);
+            let outs = self.run_cuda(&padded, &pool, tokens, &opts)?;
             check_outputs_finite(&outs)?;
-            return Ok(split_outputs(&outs, &padded, self.cfg.hidden_size, tokens));
+            return Ok(split_outputs(&outs, &padded, h, dim, tokens));
         }
-        let batch = pad_batch(
-            batch,
-            self.opts.seq_bucket,
-            self.cfg.max_position_embeddings,
-        );
+        let batch = pad_batch(batch, self.opts.seq_bucket, self.cfg.max_seq());
+        let pool = pool_inputs(&self.st.pooling, &batch.lengths, batch.seq, prompt_len);
         let model = self.model_for(batch.batch, batch.seq, tokens)?;
-        let outs = model.run(&[
-            ("input_ids", TensorRef::I64(&batch.ids)),
-            ("token_type_ids", TensorRef::I64(&batch.token_type_ids)),
-            ("attention_mask", TensorRef::F32(&batch.attention_mask)),
-        ])?;
+        let outs = model.run(&run_inputs(&batch, &pool))?;
         check_outputs_finite(&outs)?;
-        Ok(split_outputs(&outs, &batch, self.cfg.hidden_size, tokens))
+        Ok(split_outputs(&outs, &batch, h, dim, tokens))
     }
 
     /// Run a (padded) batch on the CUDA model, re-targeting it to this
@@ -488,6 +574,7 @@ impl SentenceEmbedder {
     fn run_cuda(
         &mut self,
         batch: &Batch,
+        pool: &[(&'static str, Vec<f32>)],
         tokens: bool,
         opts: &rlx_cuda::CudaOptions,
     ) -> Result<Vec<Tensor>, ModelError> {
@@ -510,17 +597,77 @@ impl SentenceEmbedder {
             }
         }
         let (_, model) = self.gpu.as_mut().expect("set above");
-        Ok(model.run(&[
-            ("input_ids", TensorRef::I64(&batch.ids)),
-            ("token_type_ids", TensorRef::I64(&batch.token_type_ids)),
-            ("attention_mask", TensorRef::F32(&batch.attention_mask)),
-        ])?)
+        Ok(model.run(&run_inputs(batch, pool))?)
     }
+}
+
+/// The graph inputs of a batch: ids, token types, the attention mask and
+/// the pooling inputs ([`pool_inputs`]).
+pub(crate) fn run_inputs<'a>(
+    batch: &'a Batch,
+    pool: &'a [(&'static str, Vec<f32>)],
+) -> Vec<(&'a str, TensorRef<'a>)> {
+    let mut v = vec![
+        ("input_ids", TensorRef::I64(&batch.ids)),
+        ("token_type_ids", TensorRef::I64(&batch.token_type_ids)),
+        ("attention_mask", TensorRef::F32(&batch.attention_mask)),
+    ];
+    v.extend(pool.iter().map(|(n, x)| (*n, TensorRef::F32(x))));
+    v
+}
+
+/// Read `params` (name, shape as bound, stored transposed) from
+/// `dir/model.safetensors`, whose names may carry a `bert.`/`roberta.`
+/// prefix ([`crate::bert::weight_prefix`]); linear weights are transposed
+/// to `[in, out]`. Every tensor's shape and dtype is checked.
+pub(crate) fn load_weights(
+    dir: &Path,
+    params: &[(String, Vec<usize>, bool)],
+) -> Result<Vec<(String, Tensor)>, ModelError> {
+    let weights_path = dir.join("model.safetensors");
+    if !weights_path.exists() {
+        return Err(ModelError::MissingFile {
+            path: weights_path,
+            what: "the model weights",
+        });
+    }
+    let file = SafeTensorsFile::open(&weights_path)?;
+    let prefix = crate::bert::weight_prefix(file.names());
+    let mut weights = Vec::new();
+    for (name, dims, transposed) in params {
+        let stored = if *transposed {
+            vec![dims[1], dims[0]]
+        } else {
+            dims.clone()
+        };
+        // Task heads (pooler, classifier) sit outside the encoder's prefix.
+        let full = format!("{prefix}{name}");
+        let key = if file.names().contains(&full.as_str()) {
+            full
+        } else {
+            name.clone()
+        };
+        let data = file.tensor_f32(&key, &stored)?;
+        let v = if *transposed {
+            let (o, i) = (stored[0], stored[1]);
+            let mut t = vec![0f32; o * i];
+            for r in 0..o {
+                for c in 0..i {
+                    t[c * o + r] = data[r * i + c];
+                }
+            }
+            t
+        } else {
+            data.into_owned()
+        };
+        weights.push((name.clone(), Tensor::f32(dims, v)));
+    }
+    Ok(weights)
 }
 
 /// `batch` with every row padded by masked `[PAD]` (id 0) tokens to a
 /// multiple of `bucket` (at most `max_len`, and never shorter than it was).
-fn pad_batch(batch: Batch, bucket: usize, max_len: usize) -> Batch {
+pub(crate) fn pad_batch(batch: Batch, bucket: usize, max_len: usize) -> Batch {
     let s = batch.seq;
     let padded = (s.div_ceil(bucket.max(1)) * bucket.max(1))
         .min(max_len)
@@ -575,11 +722,12 @@ fn check_outputs_finite(outs: &[Tensor]) -> Result<(), ModelError> {
     Ok(())
 }
 
-/// Pooled rows (and unpadded token rows) from a run's outputs.
+/// Pooled rows (`dim` wide; and unpadded token rows, `h` wide) from a run's outputs.
 fn split_outputs(
     outs: &[Tensor],
     batch: &Batch,
     h: usize,
+    dim: usize,
     tokens: bool,
 ) -> (Embeddings, Option<Embeddings>) {
     let (b, s) = (batch.batch, batch.seq);
@@ -589,7 +737,7 @@ fn split_outputs(
             _ => Vec::new(),
         };
         let pooled = f32s(&outs[0]);
-        let emb = pooled.chunks(h).map(|c| c.to_vec()).collect();
+        let emb = pooled.chunks(dim).map(|c| c.to_vec()).collect();
         let toks = tokens.then(|| {
             let all = f32s(&outs[1]);
             (0..b)

@@ -2,9 +2,11 @@
 //!
 //! - [`bert`]: BERT encoders from `config.json`.
 //! - [`embedder`]: [`SentenceEmbedder`], sentence embeddings end to end.
+//! - [`st`]: the sentence-transformers files (pooling, Normalize, prompts).
 //! - [`tokenizer`]: BERT WordPiece tokenization via `tokenizers`.
 //! - [`gguf_tokenizer`]: byte-level BPE tokenization from GGUF metadata.
 //! - [`llama`]: Llama-family decoders from GGUF (prefill/decode graphs, KV cache, generation).
+//! - [`reranker`]: [`Reranker`], cross-encoder scores of (query, document) pairs.
 //! - [`recurrent`]: a Qwen3-Next-style GatedDeltaNet block and a 3:1 GDN/attention hybrid.
 //! - [`qwen3_next`]: Qwen3-Next and Qwen3.5 text (GatedDeltaNet hybrids) from an HF directory.
 //! - [`sampling`]: greedy / temperature / top-k / top-p sampling.
@@ -20,7 +22,9 @@ pub mod llama;
 mod lru;
 pub mod qwen3_next;
 pub mod recurrent;
+pub mod reranker;
 pub mod sampling;
+pub mod st;
 pub mod stop;
 pub mod tokenizer;
 pub mod validate;
@@ -29,6 +33,8 @@ pub use embedder::{
     CacheStats, EmbedDevice, EmbedOptions, ModelError, SentenceEmbedder, CPU_SEQ_BUCKET,
     CUDA_SEQ_BUCKET, DEFAULT_CACHE_BYTES,
 };
+pub use reranker::{Ranked, Reranker, ScoreActivation};
+pub use st::{Pooling, PoolingMode, StConfig};
 pub use validate::ConfigError;
 
 /// The hybrid plan of one compiled graph, as a model holds it: what

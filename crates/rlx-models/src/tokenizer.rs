@@ -55,7 +55,7 @@ pub enum TokenizerError {
     },
     /// The tokenizer has no padding token and none is configured.
     #[error(
-        "tokenizer {path} defines no padding token: expected a padding config or a \"[PAD]\" token"
+        "tokenizer {path} defines no padding token: expected a padding config or a \"[PAD]\" or \"<pad>\" token"
     )]
     MissingPadToken {
         /// The tokenizer file.
@@ -169,8 +169,11 @@ impl BertTokenizer {
         }
         let (pad_id, pad_type_id, pad_token) = match inner.get_padding() {
             Some(p) => (p.pad_id, p.pad_type_id, p.pad_token.clone()),
-            None => match inner.token_to_id("[PAD]") {
-                Some(id) => (id, 0, "[PAD]".to_string()),
+            None => match ["[PAD]", "<pad>"]
+                .iter()
+                .find_map(|t| inner.token_to_id(t).map(|id| (id, t)))
+            {
+                Some((id, t)) => (id, 0, t.to_string()),
                 None => return Err(TokenizerError::MissingPadToken { path }),
             },
         };
@@ -242,6 +245,23 @@ impl BertTokenizer {
         Ok((ids, !enc.get_overflowing().is_empty()))
     }
 
+    /// The number of leading tokens a prompt takes when prepended to a
+    /// text, as sentence-transformers counts them (`prompt_length`): the
+    /// prompt's tokens with special tokens, less a trailing special token
+    /// (`[SEP]`, `</s>`).
+    pub fn prompt_length(&self, prompt: &str) -> Result<usize, TokenizerError> {
+        let enc = self
+            .inner
+            .encode(prompt, true)
+            .map_err(|e| TokenizerError::Encode {
+                path: self.path.clone(),
+                message: e.to_string(),
+            })?;
+        let n = enc.get_attention_mask().iter().filter(|&&m| m != 0).count();
+        let last_special = n > 0 && enc.get_special_tokens_mask().get(n - 1) == Some(&1);
+        Ok(n - usize::from(last_special))
+    }
+
     /// Encodes sentences into a right-padded `[batch, seq]` batch where `seq` is
     /// the longest sentence after truncation.
     pub fn encode_batch(&self, texts: &[&str]) -> Result<Batch, TokenizerError> {
@@ -249,6 +269,25 @@ impl BertTokenizer {
             return Err(TokenizerError::EmptyBatch);
         }
         let inputs: Vec<&str> = texts.to_vec();
+        self.encode_inputs(inputs)
+    }
+
+    /// Encodes (first, second) text pairs as a cross-encoder reads them
+    /// (`[CLS] a [SEP] b [SEP]`, token type 1 on the second text),
+    /// truncated longest-first to the maximum length, right-padded.
+    pub fn encode_pairs(&self, pairs: &[(&str, &str)]) -> Result<Batch, TokenizerError> {
+        if pairs.is_empty() {
+            return Err(TokenizerError::EmptyBatch);
+        }
+        let inputs: Vec<tokenizers::EncodeInput> =
+            pairs.iter().map(|&(a, b)| (a, b).into()).collect();
+        self.encode_inputs(inputs)
+    }
+
+    fn encode_inputs<'s, E: Into<tokenizers::EncodeInput<'s>> + Send>(
+        &self,
+        inputs: Vec<E>,
+    ) -> Result<Batch, TokenizerError> {
         let encodings =
             self.inner
                 .encode_batch(inputs, true)

@@ -28,6 +28,7 @@ pub mod chat;
 pub mod embed;
 pub mod graph;
 pub mod llama;
+pub mod rerank;
 
 pyo3::create_exception!(
     rlx,
@@ -262,6 +263,7 @@ fn rlx_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("HAS_CUDA", cfg!(feature = "cuda"))?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_class::<embed::PySentenceEmbedder>()?;
+    m.add_class::<rerank::PyReranker>()?;
     m.add_class::<llama::PyLlamaModel>()?;
     m.add_class::<llama::PyTextStream>()?;
     m.add_class::<graph::PyGraph>()?;

@@ -32,6 +32,8 @@ pub(crate) fn router(state: S) -> Router {
         .route("/", get(page))
         .route("/v1/plans", get(plans))
         .route("/v1/embeddings", post(embeddings))
+        .route("/rerank", post(rerank))
+        .route("/v1/rerank", post(rerank))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
@@ -49,10 +51,12 @@ pub(crate) fn router(state: S) -> Router {
         .with_state(state)
 }
 
-const ENDPOINTS: [&str; 10] = [
+const ENDPOINTS: [&str; 12] = [
     "/",
     "/v1/plans",
     "/v1/embeddings",
+    "/rerank",
+    "/v1/rerank",
     "/v1/completions",
     "/v1/chat/completions",
     "/v1/models",
@@ -159,6 +163,9 @@ fn loaded(s: &State) -> Vec<String> {
     let mut v = Vec::new();
     if let Some(e) = s.embed.get() {
         v.extend(e.names.iter().cloned());
+    }
+    if let Some(r) = s.rerank.get() {
+        v.extend(r.names.iter().cloned());
     }
     if let Some(l) = s.llm.get() {
         v.extend(l.names.iter().cloned());
@@ -417,6 +424,119 @@ async fn embeddings(
         .collect();
     Ok(axum::Json(json!({
         "object": "list", "data": data, "model": e.names[0],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}))
+    .into_response())
+}
+
+// ---------------------------------------------------------------- rerank
+
+#[derive(Deserialize)]
+struct RerankRequest {
+    model: Option<String>,
+    query: String,
+    documents: Vec<Value>,
+    top_n: Option<i64>,
+    return_documents: Option<bool>,
+}
+
+/// `POST /rerank` (and `/v1/rerank`), the Cohere / Jina / TEI format:
+/// `{"query", "documents": [text or {"text"}], "top_n"?, "return_documents"?}`
+/// in, `{"results": [{"index", "relevance_score", "document"?: {"text"}}],
+/// "model", "usage"}` out, best first.
+async fn rerank(
+    axum::extract::State(s): axum::extract::State<S>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let req: RerankRequest = parse(&s, body).await?;
+    ready(&s)?;
+    let r = s.rerank.get().ok_or_else(|| {
+        ApiError::unknown_model(req.model.as_deref().unwrap_or("(rerank)"), &loaded(&s))
+    })?;
+    if let Some(m) = req.model.as_deref() {
+        if !r.names.iter().any(|n| n == m) {
+            return Err(ApiError::unknown_model(m, &loaded(&s)));
+        }
+    }
+    if req.documents.is_empty() {
+        return Err(ApiError::bad_request(
+            "documents: empty; expected at least one document",
+        ));
+    }
+    if req.documents.len() > s.cfg.max_items {
+        return Err(ApiError::bad_request(format!(
+            "documents: {} documents; expected at most {}",
+            req.documents.len(),
+            s.cfg.max_items
+        )));
+    }
+    let docs: Vec<String> = req
+        .documents
+        .iter()
+        .enumerate()
+        .map(|(i, d)| match d {
+            Value::String(t) => Ok(t.clone()),
+            Value::Object(o) => match o.get("text") {
+                Some(Value::String(t)) => Ok(t.clone()),
+                _ => Err(ApiError::bad_request(format!(
+                    "documents[{i}]: an object without a string \"text\"; expected a string or {{\"text\": string}}"
+                ))),
+            },
+            other => Err(ApiError::bad_request(format!(
+                "documents[{i}]: {other}; expected a string or {{\"text\": string}}"
+            ))),
+        })
+        .collect::<Result<_, _>>()?;
+    let top_n = match req.top_n {
+        None => docs.len(),
+        Some(n) if n >= 1 => (n as usize).min(docs.len()),
+        Some(n) => {
+            return Err(ApiError::bad_request(format!(
+                "top_n: {n}; expected at least 1"
+            )))
+        }
+    };
+    let model = r.model.clone();
+    let query = req.query;
+    let job_docs = docs.clone();
+    let job = tokio::task::spawn_blocking(move || {
+        let mut m = model
+            .lock()
+            .map_err(|_| "the reranker is poisoned".to_string())?;
+        let refs: Vec<&str> = job_docs.iter().map(String::as_str).collect();
+        let pairs: Vec<(&str, &str)> = refs.iter().map(|d| (query.as_str(), *d)).collect();
+        let tokens: usize = m
+            .tokenizer()
+            .encode_pairs(&pairs)
+            .map_err(|e| e.to_string())?
+            .lengths
+            .iter()
+            .sum();
+        let ranked = m.rerank(&query, &refs).map_err(|e| e.to_string())?;
+        Ok::<_, String>((ranked, tokens))
+    });
+    let (ranked, tokens) = match tokio::time::timeout(s.cfg.timeout, job).await {
+        Err(_) => return Err(ApiError::timeout(s.cfg.timeout.as_secs_f64())),
+        Ok(Err(_)) => return Err(ApiError::internal("the reranker task stopped")),
+        Ok(Ok(Err(m))) => return Err(ApiError::bad_request(m)),
+        Ok(Ok(Ok(v))) => v,
+    };
+    s.metrics.tokens_in(tokens);
+    let with_docs = req.return_documents.unwrap_or(false);
+    let results: Vec<Value> = ranked
+        .iter()
+        .take(top_n)
+        .map(|x| {
+            let mut v = json!({"index": x.index, "relevance_score": x.score});
+            if with_docs {
+                v["document"] = json!({"text": docs[x.index]});
+            }
+            v
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "id": request_id("rerank"),
+        "results": results,
+        "model": r.names[0],
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}))
     .into_response())
 }

@@ -52,6 +52,9 @@ pub struct ServerConfig {
     /// A sentence-embedding model directory (`config.json`,
     /// `tokenizer.json`, `model.safetensors`).
     pub embed_model: Option<PathBuf>,
+    /// A cross-encoder reranker directory (`BertForSequenceClassification`
+    /// with one label), served at `POST /rerank`.
+    pub rerank_model: Option<PathBuf>,
     /// A Llama-family GGUF file.
     pub llm: Option<PathBuf>,
     /// Address to listen on.
@@ -85,6 +88,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             embed_model: None,
+            rerank_model: None,
             llm: None,
             host: "127.0.0.1".into(),
             port: 8080,
@@ -112,6 +116,13 @@ pub(crate) struct EmbedState {
     pub plans: Vec<CompiledPlan>,
 }
 
+/// The loaded reranker, as the handlers see it (one request scores at a
+/// time, on a blocking thread).
+pub(crate) struct RerankState {
+    pub names: Vec<String>,
+    pub model: Arc<Mutex<rlx::Reranker>>,
+}
+
 /// The loaded language model, as the handlers see it.
 pub(crate) struct LlmState {
     pub names: Vec<String>,
@@ -132,6 +143,7 @@ pub(crate) struct State {
     pub ready: AtomicBool,
     pub load_error: Mutex<Option<String>>,
     pub embed: OnceLock<EmbedState>,
+    pub rerank: OnceLock<RerankState>,
     pub llm: OnceLock<LlmState>,
 }
 
@@ -152,6 +164,22 @@ fn model_name(p: &std::path::Path) -> String {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| p.display().to_string());
     n.strip_suffix(".gguf").map(str::to_string).unwrap_or(n)
+}
+
+/// Load the reranker and score one pair (the warm-up compiles its first shape).
+fn load_rerank(cfg: &ServerConfig, dir: &std::path::Path) -> Result<RerankState, String> {
+    let opts = EmbedOptions {
+        threads: cfg.threads,
+        ..Default::default()
+    };
+    let mut m = rlx::Reranker::load_with(dir, opts)
+        .map_err(|e| format!("--rerank-model {}: {e}", dir.display()))?;
+    m.score(&[("warm-up", "warm-up")])
+        .map_err(|e| format!("--rerank-model {}: warm-up failed: {e}", dir.display()))?;
+    Ok(RerankState {
+        names: vec![model_name(dir)],
+        model: Arc::new(Mutex::new(m)),
+    })
 }
 
 fn load_embed(
@@ -293,8 +321,10 @@ impl Server {
     /// the background. Errors when the address cannot be bound or no model
     /// is given.
     pub fn start(cfg: ServerConfig) -> Result<Server, String> {
-        if cfg.embed_model.is_none() && cfg.llm.is_none() {
-            return Err("nothing to serve: give --embed-model, --llm or both".into());
+        if cfg.embed_model.is_none() && cfg.llm.is_none() && cfg.rerank_model.is_none() {
+            return Err(
+                "nothing to serve: give --embed-model, --rerank-model, --llm or several".into(),
+            );
         }
         let check = |flag: &str, v: usize| {
             if v == 0 {
@@ -321,6 +351,7 @@ impl Server {
             ready: AtomicBool::new(false),
             load_error: Mutex::new(None),
             embed: OnceLock::new(),
+            rerank: OnceLock::new(),
             llm: OnceLock::new(),
         });
         let workers = Arc::new(Mutex::new(Vec::new()));
@@ -336,6 +367,9 @@ impl Server {
                             let (s, j) = load_embed(&state.cfg, dir, &state.metrics)?;
                             workers.lock().map_err(|e| e.to_string())?.push(j);
                             let _ = state.embed.set(s);
+                        }
+                        if let Some(dir) = &state.cfg.rerank_model {
+                            let _ = state.rerank.set(load_rerank(&state.cfg, dir)?);
                         }
                         if let Some(p) = &state.cfg.llm {
                             let (s, j) = load_llm(&state.cfg, p, &state.metrics)?;
@@ -464,6 +498,7 @@ impl Server {
                 ready: AtomicBool::new(false),
                 load_error: Mutex::new(None),
                 embed: OnceLock::new(),
+                rerank: OnceLock::new(),
                 llm: OnceLock::new(),
             }),
         );

@@ -1010,3 +1010,101 @@ fn with_only_an_embedding_model_the_plans_list_only_it() {
     );
     s.shutdown().unwrap();
 }
+
+/// The random-init cross-encoder of rlx-models' test data (no fetch needed).
+fn reranker_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../rlx-models/tests/data/families/reranker")
+}
+
+#[test]
+fn rerank_scores_equal_cross_encoder_and_bad_requests_are_openai_errors() {
+    let s = Server::start(ServerConfig {
+        rerank_model: Some(reranker_dir()),
+        port: 0,
+        ..Default::default()
+    })
+    .expect("start");
+    s.wait_ready(Duration::from_secs(60)).expect("ready");
+    let a = s.addr();
+    let r: Value = serde_json::from_str(
+        &std::fs::read_to_string(reranker_dir().join("reference.json")).unwrap(),
+    )
+    .unwrap();
+    let cases = r["cases"].as_array().unwrap();
+    let query = cases[0]["query"].as_str().unwrap();
+    let mine: Vec<&Value> = cases.iter().filter(|c| c["query"] == query).collect();
+    let docs: Vec<&str> = mine
+        .iter()
+        .map(|c| c["document"].as_str().unwrap())
+        .collect();
+    for path in ["/rerank", "/v1/rerank"] {
+        let resp = post(
+            a,
+            path,
+            &json!({"query": query, "documents": docs, "return_documents": true}),
+        );
+        assert_eq!(resp.status, 200, "{}", resp.body);
+        let v: Value = serde_json::from_str(&resp.body).unwrap();
+        let results = v["results"].as_array().unwrap();
+        assert_eq!(results.len(), docs.len());
+        let mut last = f64::INFINITY;
+        for x in results {
+            let i = x["index"].as_u64().unwrap() as usize;
+            let got = x["relevance_score"].as_f64().unwrap();
+            let want = mine[i]["score"].as_f64().unwrap();
+            assert!(
+                (got - want).abs() <= 1e-4 * want.abs(),
+                "doc {i}: {got} vs {want}"
+            );
+            assert_eq!(x["document"]["text"], docs[i]);
+            assert!(got <= last, "not best first: {}", resp.body);
+            last = got;
+        }
+        assert!(v["usage"]["total_tokens"].as_u64().unwrap() > docs.len() as u64);
+        assert_eq!(v["model"], "reranker");
+    }
+    // top_n, documents as {"text"} objects, no documents echoed by default.
+    let objs: Vec<Value> = docs.iter().map(|d| json!({"text": d})).collect();
+    let resp = post(
+        a,
+        "/rerank",
+        &json!({"query": query, "documents": objs, "top_n": 2}),
+    );
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let v: Value = serde_json::from_str(&resp.body).unwrap();
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    assert!(results[0].get("document").is_none());
+    // Bad requests: 4xx with an OpenAI error body, the server staying up.
+    for (body, status, needle) in [
+        (
+            json!({"query": "q", "documents": []}),
+            400,
+            "documents: empty",
+        ),
+        (json!({"query": "q", "documents": [3]}), 400, "documents[0]"),
+        (
+            json!({"query": "q", "documents": ["d"], "top_n": 0}),
+            400,
+            "top_n: 0",
+        ),
+        (json!({"documents": ["d"]}), 400, "query"),
+        (
+            json!({"query": "q", "documents": ["d"], "model": "nope"}),
+            404,
+            "nope",
+        ),
+    ] {
+        let resp = post(a, "/rerank", &body);
+        assert_eq!(resp.status, status, "{body}: {}", resp.body);
+        let e: Value = serde_json::from_str(&resp.body).unwrap();
+        let msg = e["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{body}: {msg}");
+        assert!(e["error"]["type"].is_string() && e["error"]["code"].is_string());
+    }
+    // Embeddings are not served by this server: a 404 naming what is loaded.
+    let resp = post(a, "/v1/embeddings", &json!({"input": "x"}));
+    assert_eq!(resp.status, 404, "{}", resp.body);
+    assert!(resp.body.contains("reranker"), "{}", resp.body);
+    s.shutdown().unwrap();
+}

@@ -51,7 +51,7 @@ pub mod runtime {
     pub use rlx_runtime::*;
 }
 
-pub use rlx_models::SentenceEmbedder;
+pub use rlx_models::{Reranker, SentenceEmbedder};
 
 /// The CPU backend.
 pub mod cpu {
