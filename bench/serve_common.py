@@ -82,11 +82,12 @@ class Server:
     """A server subprocess; its stdout/stderr go to `log`."""
 
     def __init__(self, name: str, cmd: list[str], port: int, health: str, log: Path,
-                 env: dict | None = None):
+                 env: dict | None = None, cwd: Path | None = None):
         self.name, self.cmd, self.port, self.health = name, cmd, port, health
         self.log_path = log
         self.base = f"http://127.0.0.1:{port}"
         self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 600) -> float:
@@ -97,7 +98,7 @@ class Server:
         self.log.flush()
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(self.cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=self.env, start_new_session=True)
+                                     env=self.env, cwd=self.cwd, start_new_session=True)
         while time.perf_counter() - t0 < timeout:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before "

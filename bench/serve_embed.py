@@ -137,14 +137,18 @@ def servers(args, port_rlx: int, port_inf: int) -> dict[str, Server]:
         port_rlx, "/health", logs / "serve_embed_rlx.log")
     inf = Server(
         "infinity", [str(Path(sys.executable).parent / "infinity_emb"), "v2",
-                     "--model-id", str(args.onnx_dir), "--served-model-name", "all-minilm-l6-v2",
+                     "--model-id", ".", "--served-model-name", "all-minilm-l6-v2",
                      "--engine", "optimum", "--device", "cpu", "--port", str(port_inf),
                      "--batch-size", str(args.infinity_batch_size),
                      "--pooling-method", "mean", "--no-bettertransformer",
-                     "--url-prefix", "/v1"],
+                     "--url-prefix", "/v1", "--host", "127.0.0.1", "--log-level", "warning"],
         port_inf, "/health", logs / "serve_embed_infinity.log",
         env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0",
-             "DO_NOT_TRACK": "1", "OMP_NUM_THREADS": str(args.threads)})
+             "DO_NOT_TRACK": "1", "OMP_NUM_THREADS": str(args.threads)},
+        # run from the model directory with --model-id ".": given an absolute
+        # path, Infinity 0.0.78 passes the absolute ONNX path as file_name,
+        # which optimum 2.1 matches against bare file names and rejects
+        cwd=args.onnx_dir)
     return {"rlx": rlx, "infinity": inf}
 
 

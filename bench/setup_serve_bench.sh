@@ -41,7 +41,7 @@ pins=(
   "uvicorn==0.32.1"        # infinity-emb 0.0.78 needs uvicorn < 0.33
   "fastapi==0.165.0"
   "aiohttp==3.14.5"
-  "matplotlib==3.10.8"
+  "matplotlib==3.11.2"
 )
 
 if [ ! -x "$venv/bin/python" ]; then
