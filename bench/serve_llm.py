@@ -197,6 +197,8 @@ def write_md(res: dict, path: Path) -> None:
          f"Versions: {res['versions']}", "",
          f"Requests: max_tokens {res['max_tokens']}, temperature 0, distinct prompts, no ignore_eos "
          "(tokens counted as generated).", "",
+         *(["**Incomplete: the run was cut short; the figures below are those of the levels "
+             "that finished.**", ""] if not res.get("complete") else []),
          "Medians over rounds:", "",
          "| streams | server | aggregate tok/s | TTFT p50 ms | tokens | errors | rounds |",
          "|---|---|---|---|---|---|---|"]
@@ -217,6 +219,38 @@ def write_md(res: dict, path: Path) -> None:
     if res["unavailable"]:
         L += ["", f"Unavailable: {res['unavailable']}"]
     path.write_text("\n".join(L) + "\n")
+
+
+def write_all(res: dict, args, streams: list[int], names: list[str], complete: bool) -> None:
+    """Summary, targets and the output files from the runs so far (written after
+    every level, so that a run cut short still leaves its figures)."""
+    res["loadavg_end"] = loadavg()
+    res["complete"] = complete
+    summary = []
+    for n in streams:
+        for name in names:
+            rs = [r for r in res["runs"] if r["server"] == name and r["streams"] == n]
+            if rs:
+                summary.append({"server": name, "streams": n, "n_rounds": len(rs),
+                                "tok_per_s": median([r["tok_per_s"] for r in rs]),
+                                "ttft_p50_ms": median([r["ttft_p50_ms"] for r in rs]),
+                                "tokens": [r["tokens"] for r in rs],
+                                "errors": sum(len(r["errors"]) for r in rs)})
+    res["summary"] = summary
+    g = {(r["server"], r["streams"]): r for r in summary}
+    a, b = g.get(("rlx", 16)), g.get(("llama_cpp", 16))
+    ratio = a["tok_per_s"] / b["tok_per_s"] if a and b and b["tok_per_s"] else None
+    res["targets"] = [{"what": "aggregate tok/s at 16 streams, rlx / llama-cpp-python",
+                       "ratio": ratio, "target": ">= 2", "met": None if ratio is None else ratio >= 2}]
+    s1 = g.get(("rlx", 1))
+    res["rlx_16_over_1"] = (a["tok_per_s"] / s1["tok_per_s"]) if a and s1 and s1["tok_per_s"] else None
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / "serve_llm.json").write_text(json.dumps(res, indent=1) + "\n")
+    write_md(res, args.out_dir / "serve_llm.md")
+    try:
+        plot(res, args.out_dir / "serve_llm.png")
+    except Exception as e:  # noqa: BLE001
+        print(f"[serve_llm] plot failed: {e}")
 
 
 def main() -> int:
@@ -265,38 +299,14 @@ def main() -> int:
                     r = asyncio.run(run_level(s.base, model, n, args.max_tokens, offset=0))
                     r.update(server=name, round=rnd, loadavg_before=lb, loadavg_after=loadavg())
                     res["runs"].append(r)
+                    write_all(res, args, streams, names, complete=False)
                     print(f"[serve_llm] round {rnd} {name:9s} streams {n:2d}: "
                           f"{r['tok_per_s'] or 0:.1f} tok/s, TTFT p50 {r['ttft_p50_ms'] or 0:.0f} ms, "
                           f"tokens {r['tokens_per_stream']} ({r['token_source']}), "
                           f"errors {r['errors'][:2]}, load {lb[0]}", flush=True)
             finally:
                 s.stop()
-    res["loadavg_end"] = loadavg()
-    summary = []
-    for n in streams:
-        for name in names:
-            rs = [r for r in res["runs"] if r["server"] == name and r["streams"] == n]
-            if rs:
-                summary.append({"server": name, "streams": n, "n_rounds": len(rs),
-                                "tok_per_s": median([r["tok_per_s"] for r in rs]),
-                                "ttft_p50_ms": median([r["ttft_p50_ms"] for r in rs]),
-                                "tokens": [r["tokens"] for r in rs],
-                                "errors": sum(len(r["errors"]) for r in rs)})
-    res["summary"] = summary
-    g = {(r["server"], r["streams"]): r for r in summary}
-    a, b = g.get(("rlx", 16)), g.get(("llama_cpp", 16))
-    ratio = a["tok_per_s"] / b["tok_per_s"] if a and b and b["tok_per_s"] else None
-    res["targets"] = [{"what": "aggregate tok/s at 16 streams, rlx / llama-cpp-python",
-                       "ratio": ratio, "target": ">= 2", "met": None if ratio is None else ratio >= 2}]
-    s1 = g.get(("rlx", 1))
-    res["rlx_16_over_1"] = (a["tok_per_s"] / s1["tok_per_s"]) if a and s1 and s1["tok_per_s"] else None
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / "serve_llm.json").write_text(json.dumps(res, indent=1) + "\n")
-    write_md(res, args.out_dir / "serve_llm.md")
-    try:
-        plot(res, args.out_dir / "serve_llm.png")
-    except Exception as e:  # noqa: BLE001
-        print(f"[serve_llm] plot failed: {e}")
+    write_all(res, args, streams, names, complete=True)
     print((args.out_dir / "serve_llm.md").read_text())
     return 0
 
