@@ -9,7 +9,13 @@ Method
   by bench/minilm_fastembed_dir.py from the same model.safetensors, since the
   Hugging Face hub is unreachable). Each runs alone on a free loopback port
   (never both at once: they share the cores); the script waits for its
-  health endpoint, checks it, warms it up, then measures.
+  health endpoint, checks it, warms it up, then measures. Infinity's own
+  offline ONNX optimization step (ORTOptimizer, level 99) fails with the
+  optimum 2.1 that its dependencies resolve to ("OptimizationConfig got an
+  unexpected keyword argument 'optimize_with_onnxruntime_only'"); Infinity
+  then serves the unoptimized graph, which ONNX Runtime still optimizes at
+  session creation (its default ORT_ENABLE_ALL). The log is in
+  target/serve-bench-logs/serve_embed_infinity.log.
 - Check: both return 384-dim vectors, and rlx's equal Infinity's to cosine
   >= 0.9999 on a few sentences (recorded; a failure is reported, not hidden).
 - Load: a fixed list of requests from a seeded generator, each 1-4 short
