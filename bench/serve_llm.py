@@ -143,8 +143,8 @@ def servers(args, p_rlx: int, p_llama: int) -> dict[str, Server]:
                          "--max-concurrent", str(smax), "--ctx", str(args.ctx)],
                  p_rlx, "/health", logs / "serve_llm_rlx.log")
     llama = Server("llama_cpp", [sys.executable, "-m", "llama_cpp.server",
-                                 "--model", str(args.gguf), "--n_threads", str(args.threads),
-                                 "--n_threads_batch", str(args.threads), "--n_ctx", str(args.ctx),
+                                 "--model", str(args.gguf), "--n_threads", str(args.llama_threads),
+                                 "--n_threads_batch", str(args.llama_threads), "--n_ctx", str(args.ctx),
                                  "--interrupt_requests", "False",
                                  "--host", "127.0.0.1", "--port", str(p_llama)],
                    p_llama, "/v1/models", logs / "serve_llm_llama_cpp.log")
@@ -259,6 +259,10 @@ def main() -> int:
     ap.add_argument("--gguf", type=Path, default=Path.home() / ".cache" / "rlx" / "models" /
                     "smollm2-135m-instruct" / "SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-threads", type=int, default=None,
+                    help="llama.cpp's n_threads (default: --threads); on this 2-core machine "
+                         "n_threads 2 thrashed while the server's Python thread and other jobs "
+                         "shared the cores, 1 was faster")
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--ctx", type=int, default=2048)
@@ -268,6 +272,8 @@ def main() -> int:
     ap.add_argument("--log-dir", type=Path, default=ROOT / "target" / "serve-bench-logs")
     args = ap.parse_args()
     streams = [int(x) for x in args.streams.split(",")]
+    if args.llama_threads is None:
+        args.llama_threads = args.threads
     names = args.servers.split(",")
     srv = servers(args, free_port(), free_port())
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
