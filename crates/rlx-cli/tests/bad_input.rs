@@ -117,17 +117,24 @@ impl Paths {
     }
 }
 
-/// A temp copy of the MiniLM dir: small files copied, the weights symlinked
-/// (replaced by the caller where it changes them).
+/// A temp copy of the MiniLM dir: small files and the sentence-transformers
+/// module folders (`1_Pooling/`, `2_Normalize/`) copied, the weights
+/// symlinked (replaced by the caller where it changes them).
 fn copy_minilm(to: &Path) {
+    copy_dir(&minilm(), to);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(minilm()).unwrap() {
+    for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
         let (src, dst) = (e.path(), to.join(e.file_name()));
         if e.file_name() == "model.safetensors" {
             std::os::unix::fs::symlink(&src, &dst).unwrap();
         } else if src.is_file() {
             std::fs::copy(&src, &dst).unwrap();
+        } else if src.is_dir() {
+            copy_dir(&src, &dst);
         }
     }
 }
