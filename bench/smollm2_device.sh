@@ -20,6 +20,8 @@
 # Raw outputs go to $OUT (default /tmp/smollm2-out); the summary, with the
 # medians over the rounds and the ratios rlx / llama.cpp, to
 # $OUT/smollm2_xeon.json. TIMEOUT (default 600) bounds each run in seconds.
+# MODEL=gemma3 MODEL_DESC="Gemma-3-270M Q4_K_M" reads gemma3_zero.gguf.gz
+# instead and writes gemma3_xeon.json (any GGUF rlx and llama.cpp both run).
 set -u
 BUNDLE=${1:?usage: bash bench/smollm2_device.sh BUNDLE_DIR [THREADS...]}
 shift
@@ -31,7 +33,8 @@ mkdir -p "$OUT"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 tar -xzf "$BUNDLE/llama-bench.tar.gz" -C "$W" || exit 1
-gzip -dc "$BUNDLE/smollm2_zero.gguf.gz" > "$W/smollm2_zero.gguf" || exit 1
+export MODEL=${MODEL:-smollm2}
+gzip -dc "$BUNDLE/${MODEL}_zero.gguf.gz" > "$W/smollm2_zero.gguf" || exit 1
 LB=$W/.llama-bench/llama-bench
 [ -x "$LB" ] || { echo "no .llama-bench/llama-bench in $BUNDLE/llama-bench.tar.gz" >&2; exit 1; }
 # This host's libstdc++/libgcc_s first; the bundled ones (fallback/) only if
@@ -165,7 +168,7 @@ summary = {
     "cpu_model": lscpu_field("Model name"),
     "cpu_flags": lscpu_field("Flags"),
     "nproc": int(lscpu.split()[-1]) if lscpu.split() and lscpu.split()[-1].isdigit() else None,
-    "model": "SmolLM2-135M-Instruct Q4_1, tensor data zeroed (bench/zero_gguf.py)",
+    "model": os.environ.get("MODEL_DESC", "SmolLM2-135M-Instruct Q4_1") + ", tensor data zeroed (bench/zero_gguf.py)",
     "llamacpp": dict(llama_info, libstdcxx=os.environ.get("LB_LIBS"), command="llama-bench -m GGUF -p 128 -n 128 -t T -r 3 -o json (OMP_WAIT_POLICY unset)"),
     "rlx": None if have_rlx else "no rlx binary in the bundle",
     "rlx_command": "rlx bench-llm --model GGUF --prefill 128 --decode 128 --reps 3 --threads T --json [--int8-activations]; f32gguf/int8gguf: RLX_CPU_QUANT_PANELS=0 (GGUF-layout kernels instead of the AVX-512 weight panels)",
@@ -176,7 +179,7 @@ summary = {
 }
 if have_rlx:
     del summary["rlx"]
-with open(os.path.join(out, "smollm2_xeon.json"), "w") as f:
+with open(os.path.join(out, os.environ["MODEL"] + "_xeon.json"), "w") as f:
     json.dump(summary, f, indent=1)
     f.write("\n")
 
@@ -190,5 +193,5 @@ for row in rows:
           f"{fmt(a['prefill_tok_s'])} ({fmt(a['prefill_ratio'])}) | {fmt(a['decode_tok_s'])} ({fmt(a['decode_ratio'])}) | "
           f"{fmt(b['prefill_tok_s'])} ({fmt(b['prefill_ratio'])}) | {fmt(b['decode_tok_s'])} ({fmt(b['decode_ratio'])}) | "
           f"{fmt(c['prefill_tok_s'])} | {fmt(c['decode_tok_s'])} | {fmt(e['prefill_tok_s'])} | {fmt(e['decode_tok_s'])}")
-print("wrote", os.path.join(out, "smollm2_xeon.json"))
+print("wrote", os.path.join(out, os.environ["MODEL"] + "_xeon.json"))
 PY
