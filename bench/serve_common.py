@@ -125,3 +125,15 @@ class Server:
                 self.proc.wait()
         self.proc = None
         self.log.close()
+
+
+def versions(packages: list[str]) -> dict:
+    """Installed versions of `packages` (None where one is absent)."""
+    import importlib.metadata as m
+    out = {}
+    for p in packages:
+        try:
+            out[p] = m.version(p)
+        except m.PackageNotFoundError:
+            out[p] = None
+    return out

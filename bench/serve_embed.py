@@ -52,7 +52,7 @@ import aiohttp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_common import (HERE, ROOT, Server, free_port, git_commit, http_json,  # noqa: E402
+from serve_common import (HERE, ROOT, Server, free_port, git_commit, http_json, versions,  # noqa: E402
                           loadavg, machine, median, pct)
 
 CHECK_SENTENCES = [
@@ -62,6 +62,10 @@ CHECK_SENTENCES = [
     "What is the capital of France?",
 ]
 
+
+# Packages whose versions the results record.
+VERSIONED = ["infinity_emb", "optimum", "optimum-onnx", "onnxruntime", "transformers", "torch",
+              "aiohttp", "numpy"]
 
 def make_requests(vocab_txt: Path, n: int, seed: int = 0) -> list[list[str]]:
     """`n` requests, each 1-4 sentences of 5-20 whole-word vocab entries."""
@@ -158,18 +162,6 @@ def servers(args, port_rlx: int, port_inf: int) -> dict[str, Server]:
     return {"rlx": rlx, "infinity": inf}
 
 
-def versions() -> dict:
-    import importlib.metadata as m
-    out = {}
-    for p in ["infinity_emb", "optimum", "optimum-onnx", "onnxruntime", "transformers", "torch",
-              "aiohttp", "numpy"]:
-        try:
-            out[p] = m.version(p)
-        except m.PackageNotFoundError:
-            out[p] = None
-    return out
-
-
 def plot(res: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -249,7 +241,7 @@ def main() -> int:
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
                  "commit": git_commit(), "threads": args.threads, "rounds": args.rounds,
                  "requests_per_level": args.requests, "max_seconds": args.max_seconds,
-                 "sentences_per_request": "1-4 (5-20 words each)", "versions": versions(),
+                 "sentences_per_request": "1-4 (5-20 words each)", "versions": versions(VERSIONED),
                  "rlx_cmd": " ".join(srv["rlx"].cmd), "infinity_cmd": " ".join(srv["infinity"].cmd),
                  "loadavg_start": loadavg(), "runs": [], "unavailable": {}, "startup_s": {}}
     check_vecs: dict[str, np.ndarray] = {}

@@ -47,7 +47,7 @@ from pathlib import Path
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_common import (HERE, ROOT, Server, free_port, git_commit, http_json,  # noqa: E402
+from serve_common import (HERE, ROOT, Server, free_port, git_commit, http_json, versions,  # noqa: E402
                           loadavg, machine, median, pct)
 
 TOPICS = ["a lighthouse keeper", "the history of bread", "a robot learning to paint",
@@ -57,6 +57,9 @@ TOPICS = ["a lighthouse keeper", "the history of bread", "a robot learning to pa
           "the invention of the printing press", "a friendly dragon", "honey bees",
           "a train crossing the desert", "the northern lights", "a village by the sea"]
 
+
+# Packages whose versions the results record.
+VERSIONED = ["llama_cpp_python", "aiohttp"]
 
 def prompts(n: int, offset: int = 0) -> list[str]:
     return [f"Write a long, detailed story about {TOPICS[(offset + i) % len(TOPICS)]}."
@@ -149,17 +152,6 @@ def servers(args, p_rlx: int, p_llama: int) -> dict[str, Server]:
                                  "--host", "127.0.0.1", "--port", str(p_llama)],
                    p_llama, "/v1/models", logs / "serve_llm_llama_cpp.log")
     return {"rlx": rlx, "llama_cpp": llama}
-
-
-def versions() -> dict:
-    import importlib.metadata as m
-    out = {}
-    for p in ["llama_cpp_python", "aiohttp"]:
-        try:
-            out[p] = m.version(p)
-        except m.PackageNotFoundError:
-            out[p] = None
-    return out
 
 
 def plot(res: dict, path: Path) -> None:
@@ -278,7 +270,7 @@ def main() -> int:
     srv = servers(args, free_port(), free_port())
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(),
                  "commit": git_commit(), "threads": args.threads, "rounds": args.rounds,
-                 "max_tokens": args.max_tokens, "versions": versions(),
+                 "max_tokens": args.max_tokens, "versions": versions(VERSIONED),
                  "rlx_cmd": " ".join(srv["rlx"].cmd), "llama_cmd": " ".join(srv["llama_cpp"].cmd),
                  "loadavg_start": loadavg(), "runs": [], "unavailable": {}, "startup_s": {}}
     for rnd in range(args.rounds):
