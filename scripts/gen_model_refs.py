@@ -21,14 +21,15 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 
 FAMILIES = {
     **{n: (lambda f: lambda: f(ROOT))(getattr(embed, n))
-       for n in ("bert_cls", "bert_mean", "bert_max", "gte", "bert_last", "xlmr", "reranker")},
+       for n in ("bert_cls", "bert_mean", "bert_max", "gte", "bert_last", "xlmr", "reranker", "mpnet")},
+    "mpnet-real": lambda: embed.mpnet_real(ROOT),
     **llm.FAMILIES,
     **llm.REAL,
     **gdn.FAMILIES,
 }
 # Families that need a fetched model (scripts/fetch_models.py); `all` runs
 # only the random-init ones, which need nothing but the venv.
-NEEDS_FETCH = set(llm.REAL)
+NEEDS_FETCH = set(llm.REAL) | {"mpnet-real"}
 
 
 def main(argv: list[str]) -> int:

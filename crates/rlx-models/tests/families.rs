@@ -176,6 +176,15 @@ fn xlm_roberta_with_unigram_tokenizer_matches_sentence_transformers() {
 }
 
 #[test]
+fn mpnet_with_relative_position_buckets_matches_sentence_transformers() {
+    let m = SentenceEmbedder::load(family("mpnet")).unwrap();
+    assert!(m.config().is_mpnet());
+    assert_eq!(m.config().position_offset, 2);
+    assert_eq!(m.config().relative_attention_num_buckets, 32);
+    check_family("mpnet");
+}
+
+#[test]
 fn reranker_matches_cross_encoder() {
     let r = reference("reranker");
     let cases = r["cases"].as_array().unwrap();

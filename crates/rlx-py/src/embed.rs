@@ -125,10 +125,11 @@ fn mean_pool(tokens: &[f32], dim: usize) -> Vec<f32> {
 
 #[pymethods]
 impl PySentenceEmbedder {
-    /// Load a sentence-transformers BERT model.
+    /// Load a sentence-transformers model (BERT, XLM-RoBERTa or MPNet).
     ///
-    /// `model`: "minilm" (all-MiniLM-L6-v2, fetched into `$RLX_MODELS_DIR`
-    /// or `~/.cache/rlx/models` on first use, as `rlx fetch minilm` does) or
+    /// `model`: "minilm" or "mpnet" (all-MiniLM-L6-v2 / all-mpnet-base-v2,
+    /// fetched into `$RLX_MODELS_DIR` or `~/.cache/rlx/models` on first use,
+    /// as `rlx fetch minilm` does) or
     /// the path of a model directory (`config.json`, `tokenizer.json`,
     /// `model.safetensors`, ...). `device`: "cpu" or "cuda[:N]" (CUDA needs
     /// a wheel built with `--features cuda`). `threads`: CPU worker threads
@@ -164,15 +165,20 @@ impl PySentenceEmbedder {
                 "precision={precision:?}: expected \"f32\", \"bf16\" or \"f16\""
             )));
         }
-        let dir = if spec == "minilm" {
-            let p = crate::resolve_model(&spec, "minilm", "all-minilm-l6-v2/model.safetensors")?;
-            p.parent().map(|d| d.to_path_buf()).unwrap_or(p)
-        } else {
-            std::path::PathBuf::from(&spec)
+        let short = [
+            ("minilm", "all-minilm-l6-v2/model.safetensors"),
+            ("mpnet", "all-mpnet-base-v2/model.safetensors"),
+        ];
+        let dir = match short.iter().find(|(n, _)| *n == spec) {
+            Some((name, rel)) => {
+                let p = crate::resolve_model(&spec, name, rel)?;
+                p.parent().map(|d| d.to_path_buf()).unwrap_or(p)
+            }
+            None => std::path::PathBuf::from(&spec),
         };
         if !dir.is_dir() {
             return Err(ModelLoadError::new_err(format!(
-                "model={spec:?}: {} is not a directory; expected \"minilm\" or a \
+                "model={spec:?}: {} is not a directory; expected \"minilm\", \"mpnet\" or a \
                  sentence-transformers model directory",
                 dir.display()
             )));
