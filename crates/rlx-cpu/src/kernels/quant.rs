@@ -5,10 +5,12 @@
 //!   by block into registers and dotted with `x`; the whole of `W` is never
 //!   expanded. Q4_1 and Q8_0 have hand-written AVX2+FMA+F16C paths; other
 //!   schemes (and CPUs without AVX2) dequantize one row at a time into a
-//!   small scratch buffer with `rlx_formats::quant::dequantize` and dot it.
+//!   small scratch buffer ([`super::quant_rows::dequant_rows`]: AVX2 block
+//!   decoders for Q4_0, Q5_0, Q4_K, Q5_K and Q6_K, bit-exact with
+//!   `rlx_formats::quant::dequantize`) and dot it.
 //!   Rows are split over the rayon pool in chunks.
 //! - `m > 1` (prefill): tiles of [`tile_rows`] weight rows are dequantized
-//!   into an f32 scratch tile and multiplied with `gemm`, producing `y^T`
+//!   (`dequant_rows`) into an f32 scratch tile and multiplied with `gemm`, producing `y^T`
 //!   tile by tile (disjoint, so tiles run in parallel); `y^T` is then
 //!   transposed into `y`.
 //!
@@ -17,10 +19,11 @@
 //! `d * Σ q x + m * Σ x`, which differs from the dequantize-then-dot result
 //! only by f32 rounding (relative to `Σ |x| |w|`).
 
+use super::quant_rows::dequant_rows;
 use super::{bad_shape, exact_len, num_threads, simd, KernelError, PAR_MIN_ELEMS};
 use crate::isa::Isa;
 use rayon::prelude::*;
-use rlx_formats::{quant::dequantize, GgmlType};
+use rlx_formats::GgmlType;
 use rlx_ir::{ActivationPrecision, QuantScheme};
 
 const OP: &str = "DequantMatMul";
@@ -188,7 +191,11 @@ fn gemv_with(
     parallel: bool,
 ) -> Result<(), KernelError> {
     let isa = if isa.supported() { isa } else { Isa::active() };
-    let xsum = if scheme == QuantScheme::Q4_1 && isa >= Isa::Avx2 {
+    let with_mins = matches!(
+        scheme,
+        QuantScheme::Q4_1 | QuantScheme::Q4K | QuantScheme::Q5K
+    );
+    let xsum = if with_mins && isa >= Isa::Avx2 {
         x.chunks_exact(32).map(simd::sum).collect()
     } else {
         Vec::new()
@@ -240,13 +247,36 @@ fn gemv_rows(ctx: &GemvCtx<'_>, w: &[u8], out: &mut [f32]) -> Result<(), KernelE
                 }
                 return Ok(());
             }
+            QuantScheme::Q5_0 => {
+                for (o, row) in out.iter_mut().zip(w.chunks_exact(ctx.rb)) {
+                    // SAFETY: as above; `row` holds k/32 blocks of 22 bytes.
+                    *o = unsafe { x86::q5_0_dot(row, ctx.x) };
+                }
+                return Ok(());
+            }
+            QuantScheme::Q4K | QuantScheme::Q5K => {
+                let five = ctx.scheme == QuantScheme::Q5K;
+                for (o, row) in out.iter_mut().zip(w.chunks_exact(ctx.rb)) {
+                    // SAFETY: as above; `row` holds k/256 super-blocks of 144
+                    // (Q4_K) or 176 (Q5_K) bytes, `xsum` k/32 sums.
+                    *o = unsafe { x86::q45_k_dot(row, ctx.x, &ctx.xsum, five) };
+                }
+                return Ok(());
+            }
+            QuantScheme::Q6K => {
+                for (o, row) in out.iter_mut().zip(w.chunks_exact(ctx.rb)) {
+                    // SAFETY: as above; `row` holds k/256 super-blocks of 210 bytes.
+                    *o = unsafe { x86::q6_k_dot(row, ctx.x) };
+                }
+                return Ok(());
+            }
             _ => {}
         }
     }
     let ty = GgmlType::from(ctx.scheme);
     let mut buf = vec![0.0f32; ctx.k];
     for (o, row) in out.iter_mut().zip(w.chunks_exact(ctx.rb)) {
-        dequantize(ty, row, ctx.k, &mut buf)
+        dequant_rows(ctx.isa, ty, row, ctx.k, &mut buf)
             .map_err(|e| bad_shape(OP, format!("dequantizing a weight row: {e}")))?;
         *o = dot(&buf, ctx.x);
     }
@@ -290,11 +320,12 @@ fn gemm_tiled_with(
     t: usize,
 ) -> Result<(), KernelError> {
     let ty = GgmlType::from(scheme);
+    let isa = Isa::active();
     let mut yt = vec![0.0f32; n * m];
     let tile = |buf: &mut Vec<f32>, yt_tile: &mut [f32], w_tile: &[u8]| {
         let rows = yt_tile.len() / m;
         let wf = &mut buf[..rows * k];
-        dequantize(ty, w_tile, rows * k, wf)
+        dequant_rows(isa, ty, w_tile, rows * k, wf)
             .map_err(|e| bad_shape(OP, format!("dequantizing a weight tile: {e}")))?;
         // y^T tile [rows, m] = W tile [rows, k] x x^T.
         super::matmul::gemm_bt(rows, m, k, wf, k, x, k, yt_tile, m, false, false)
@@ -445,11 +476,212 @@ mod x86 {
         }
         hsum(_mm256_add_ps(acc0, acc1))
     }
+
+    /// Eight bytes at `p` widened to u32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn u8x8(p: *const u8) -> __m256i {
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i))
+    }
+
+    /// `Σ_b d_b Σ_i (q_bi - 16) x_bi` over the Q5_0 blocks of `row`
+    /// (bit `i` of the block's `qh` is bit 4 of element `i`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `x.len() >= 32 * nb` where
+    /// `nb = row.len() / 22`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q5_0_dot(row: &[u8], x: &[f32]) -> f32 {
+        let nb = row.len() / 22;
+        debug_assert!(x.len() >= nb * 32);
+        let (mask, one, sixteen) = (
+            _mm256_set1_epi32(0x0F),
+            _mm256_set1_epi32(1),
+            _mm256_set1_epi32(16),
+        );
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let (rp, xp) = (row.as_ptr(), x.as_ptr());
+        for b in 0..nb {
+            // SAFETY (all reads): block b spans bytes 22b..22b+22 of `row`
+            // and elements 32b..32b+32 of `x`, within bounds by the contract.
+            let blk = rp.add(b * 22);
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST) as *const i8);
+            let d = f16x1(blk);
+            let qh = _mm256_set1_epi32((blk.add(2) as *const i32).read_unaligned());
+            let xb = xp.add(b * 32);
+            let mut t = _mm256_setzero_ps();
+            for j in [0usize, 8] {
+                let z = u8x8(blk.add(6 + j));
+                let bit = |first: i32| {
+                    let s = _mm256_add_epi32(lanes, _mm256_set1_epi32(first));
+                    _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(qh, s), one), 4)
+                };
+                let lo = _mm256_or_si256(_mm256_and_si256(z, mask), bit(j as i32));
+                let hi = _mm256_or_si256(_mm256_srli_epi32(z, 4), bit(16 + j as i32));
+                let lo = _mm256_cvtepi32_ps(_mm256_sub_epi32(lo, sixteen));
+                let hi = _mm256_cvtepi32_ps(_mm256_sub_epi32(hi, sixteen));
+                t = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xb.add(j)), t);
+                t = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xb.add(16 + j)), t);
+            }
+            if b % 2 == 0 {
+                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc0);
+            } else {
+                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc1);
+            }
+        }
+        hsum(_mm256_add_ps(acc0, acc1))
+    }
+
+    /// The 6-bit scale and min of sub-block `j` of a Q4_K / Q5_K
+    /// super-block (`sc`: its 12 scale bytes).
+    #[inline]
+    unsafe fn k_scale_min(sc: *const u8, j: usize) -> (f32, f32) {
+        let (s, m) = if j < 4 {
+            (*sc.add(j) & 63, *sc.add(j + 4) & 63)
+        } else {
+            (
+                (*sc.add(j + 4) & 0x0F) | ((*sc.add(j - 4) >> 6) << 4),
+                (*sc.add(j + 4) >> 4) | ((*sc.add(j) >> 6) << 4),
+            )
+        };
+        (s as f32, m as f32)
+    }
+
+    /// `Σ_s d sc_s Σ_i q_si x_si - dmin m_s xsum_s` over the 32-element
+    /// sub-blocks `s` of the Q4_K (or, with `five`, Q5_K) super-blocks of
+    /// `row`; `xsum[s]` is the sum of sub-block `s`'s elements of `x`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; with `bs` = 144 (Q4_K) or
+    /// 176 (Q5_K) and `nb = row.len() / bs`: `x.len() >= 256 * nb` and
+    /// `xsum.len() >= 8 * nb`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q45_k_dot(row: &[u8], x: &[f32], xsum: &[f32], five: bool) -> f32 {
+        let bs = if five { 176 } else { 144 };
+        let nb = row.len() / bs;
+        debug_assert!(x.len() >= nb * 256 && xsum.len() >= nb * 8);
+        let (mask, one) = (_mm256_set1_epi32(0x0F), _mm256_set1_epi32(1));
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut macc = 0.0f32;
+        let (rp, xp) = (row.as_ptr(), x.as_ptr());
+        for b in 0..nb {
+            // SAFETY (all reads): super-block b spans bytes bs*b..bs*(b+1) of
+            // `row`, elements 256b..256b+256 of `x` and 8b..8b+8 of `xsum`.
+            let blk = rp.add(b * bs);
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST + 64) as *const i8);
+            let (d, dmin) = f16x2(blk);
+            let sc = blk.add(4);
+            let (qh, qs) = if five {
+                (blk.add(16), blk.add(48))
+            } else {
+                (blk, blk.add(16))
+            };
+            for c in 0..4 {
+                let (s0, m0) = k_scale_min(sc, 2 * c);
+                let (s1, m1) = k_scale_min(sc, 2 * c + 1);
+                let xb = xp.add(b * 256 + 64 * c);
+                let (sh0, sh1) = (
+                    _mm_cvtsi32_si128(2 * c as i32),
+                    _mm_cvtsi32_si128(2 * c as i32 + 1),
+                );
+                let mut t0 = _mm256_setzero_ps();
+                let mut t1 = _mm256_setzero_ps();
+                for g in [0usize, 8, 16, 24] {
+                    let z = u8x8(qs.add(32 * c + g));
+                    let mut lo = _mm256_and_si256(z, mask);
+                    let mut hi = _mm256_srli_epi32(z, 4);
+                    if five {
+                        let h = u8x8(qh.add(g));
+                        let h0 = _mm256_and_si256(_mm256_srl_epi32(h, sh0), one);
+                        let h1 = _mm256_and_si256(_mm256_srl_epi32(h, sh1), one);
+                        lo = _mm256_or_si256(lo, _mm256_slli_epi32(h0, 4));
+                        hi = _mm256_or_si256(hi, _mm256_slli_epi32(h1, 4));
+                    }
+                    t0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_loadu_ps(xb.add(g)), t0);
+                    t1 = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(hi),
+                        _mm256_loadu_ps(xb.add(32 + g)),
+                        t1,
+                    );
+                }
+                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d * s0), t0, acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d * s1), t1, acc1);
+                let xs = xsum.as_ptr().add(b * 8 + 2 * c);
+                macc += dmin * m0 * *xs + dmin * m1 * *xs.add(1);
+            }
+        }
+        hsum(_mm256_add_ps(acc0, acc1)) - macc
+    }
+
+    /// `Σ_g d sc_g Σ_i (q_gi - 32) x_gi` over the 16-element groups `g` of
+    /// the Q6_K super-blocks of `row` (element `r` of half `h`: low 4 bits
+    /// from `ql[64h + r % 64] >> 4 (r / 64)`, high 2 from
+    /// `qh[32h + r % 32] >> 2 (r / 32)`).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C; `x.len() >= 256 * nb` where
+    /// `nb = row.len() / 210`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q6_k_dot(row: &[u8], x: &[f32]) -> f32 {
+        let nb = row.len() / 210;
+        debug_assert!(x.len() >= nb * 256);
+        let (mask, three, off) = (
+            _mm256_set1_epi32(0x0F),
+            _mm256_set1_epi32(3),
+            _mm256_set1_epi32(32),
+        );
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let (rp, xp) = (row.as_ptr(), x.as_ptr());
+        for b in 0..nb {
+            // SAFETY (all reads): super-block b spans bytes 210b..210b+210
+            // of `row` and elements 256b..256b+256 of `x`.
+            let blk = rp.add(b * 210);
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST + 64) as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PF_DIST + 128) as *const i8);
+            let d = f16x1(blk.add(208));
+            let scales = blk.add(192) as *const i8;
+            for h in 0..2 {
+                let (ql, qh) = (blk.add(64 * h), blk.add(128 + 32 * h));
+                for r in (0..128).step_by(16) {
+                    let e = 128 * h + r;
+                    let (ls, hs) = (
+                        _mm_cvtsi32_si128(4 * (r / 64) as i32),
+                        _mm_cvtsi32_si128(2 * (r / 32) as i32),
+                    );
+                    let mut t = _mm256_setzero_ps();
+                    for o in [0usize, 8] {
+                        let lo = _mm256_srl_epi32(u8x8(ql.add((r + o) % 64)), ls);
+                        let hi = _mm256_srl_epi32(u8x8(qh.add((r + o) % 32)), hs);
+                        let q = _mm256_or_si256(
+                            _mm256_and_si256(lo, mask),
+                            _mm256_slli_epi32(_mm256_and_si256(hi, three), 4),
+                        );
+                        let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(q, off));
+                        t = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp.add(b * 256 + e + o)), t);
+                    }
+                    let ds = _mm256_set1_ps(d * *scales.add(e / 16) as f32);
+                    if r % 32 == 0 {
+                        acc0 = _mm256_fmadd_ps(ds, t, acc0);
+                    } else {
+                        acc1 = _mm256_fmadd_ps(ds, t, acc1);
+                    }
+                }
+            }
+        }
+        hsum(_mm256_add_ps(acc0, acc1))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rlx_formats::quant::dequantize;
 
     /// A deterministic pseudo-random stream.
     struct Lcg(u64);
@@ -539,8 +771,16 @@ mod tests {
 
     #[test]
     fn every_isa_gemv_matches_the_exact_product() {
-        for scheme in [QuantScheme::Q4_1, QuantScheme::Q8_0, QuantScheme::Q4_0] {
-            let (n, k) = (67, 576);
+        for scheme in [
+            QuantScheme::Q4_1,
+            QuantScheme::Q8_0,
+            QuantScheme::Q4_0,
+            QuantScheme::Q5_0,
+            QuantScheme::Q4K,
+            QuantScheme::Q5K,
+            QuantScheme::Q6K,
+        ] {
+            let (n, k) = (67, 768);
             let mut rng = Lcg(99);
             let w = random_rows(scheme, n, k, &mut rng);
             let x: Vec<f32> = (0..k).map(|_| rng.f()).collect();
@@ -641,6 +881,10 @@ mod bench {
             (QuantScheme::Q4_1, 576, 1536),
             (QuantScheme::Q4_1, 576, 576),
             (QuantScheme::Q8_0, 49152, 576),
+            // Gemma-3-270M Q4_K_M's layer matmuls (ffn_up, attn_output, ffn_down).
+            (QuantScheme::Q5_0, 2048, 640),
+            (QuantScheme::Q4K, 640, 1024),
+            (QuantScheme::Q6K, 640, 2048),
         ] {
             let rb = scheme.row_bytes(k).unwrap();
             let mut w = vec![0x11u8; n * rb];
