@@ -24,7 +24,7 @@ pub fn dequant_rows(
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 && isa.supported() && out.len() == n {
         if let Some((elems, size)) = x86::block_shape(ty) {
-            if n % elems == 0 && bytes.len() == n / elems * size {
+            if n.is_multiple_of(elems) && bytes.len() == n / elems * size {
                 // SAFETY: AVX2, FMA and F16C are present (`isa.supported()`
                 // for Avx2 or above), and `bytes` holds exactly the n / elems
                 // blocks of `size` bytes whose elements fill `out` (checked
