@@ -648,28 +648,51 @@ mod x86 {
             let scales = blk.add(192) as *const i8;
             for h in 0..2 {
                 let (ql, qh) = (blk.add(64 * h), blk.add(128 + 32 * h));
-                for r in (0..128).step_by(16) {
-                    let e = 128 * h + r;
-                    let (ls, hs) = (
-                        _mm_cvtsi32_si128(4 * (r / 64) as i32),
-                        _mm_cvtsi32_si128(2 * (r / 32) as i32),
-                    );
-                    let mut t = _mm256_setzero_ps();
-                    for o in [0usize, 8] {
-                        let lo = _mm256_srl_epi32(u8x8(ql.add((r + o) % 64)), ls);
-                        let hi = _mm256_srl_epi32(u8x8(qh.add((r + o) % 32)), hs);
-                        let q = _mm256_or_si256(
-                            _mm256_and_si256(lo, mask),
-                            _mm256_slli_epi32(_mm256_and_si256(hi, three), 4),
-                        );
-                        let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(q, off));
-                        t = _mm256_fmadd_ps(q, _mm256_loadu_ps(xp.add(b * 256 + e + o)), t);
+                // Elements 32 q + l of this half (q = 0..4) take their low
+                // bits from ql[l] (q = 0, 1: low nibble; 2, 3: high) or
+                // ql[32 + l] and their high bits from qh[l] >> 2q: one load
+                // of each serves four quarters. Scales go by 16 elements.
+                for lg in [0usize, 16] {
+                    let mut t = [_mm256_setzero_ps(); 4];
+                    for l in [lg, lg + 8] {
+                        let (a, a2, hb) = (u8x8(ql.add(l)), u8x8(ql.add(32 + l)), u8x8(qh.add(l)));
+                        let qs = [
+                            _mm256_or_si256(
+                                _mm256_and_si256(a, mask),
+                                _mm256_slli_epi32(_mm256_and_si256(hb, three), 4),
+                            ),
+                            _mm256_or_si256(
+                                _mm256_and_si256(a2, mask),
+                                _mm256_slli_epi32(
+                                    _mm256_and_si256(_mm256_srli_epi32(hb, 2), three),
+                                    4,
+                                ),
+                            ),
+                            _mm256_or_si256(
+                                _mm256_srli_epi32(a, 4),
+                                _mm256_slli_epi32(
+                                    _mm256_and_si256(_mm256_srli_epi32(hb, 4), three),
+                                    4,
+                                ),
+                            ),
+                            _mm256_or_si256(
+                                _mm256_srli_epi32(a2, 4),
+                                _mm256_slli_epi32(_mm256_srli_epi32(hb, 6), 4),
+                            ),
+                        ];
+                        for (q, (tq, v)) in t.iter_mut().zip(qs).enumerate() {
+                            let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(v, off));
+                            let xv = _mm256_loadu_ps(xp.add(b * 256 + 128 * h + 32 * q + l));
+                            *tq = _mm256_fmadd_ps(v, xv, *tq);
+                        }
                     }
-                    let ds = _mm256_set1_ps(d * *scales.add(e / 16) as f32);
-                    if r % 32 == 0 {
-                        acc0 = _mm256_fmadd_ps(ds, t, acc0);
-                    } else {
-                        acc1 = _mm256_fmadd_ps(ds, t, acc1);
+                    for (q, tq) in t.into_iter().enumerate() {
+                        let ds = _mm256_set1_ps(d * *scales.add(8 * h + 2 * q + lg / 16) as f32);
+                        if q % 2 == 0 {
+                            acc0 = _mm256_fmadd_ps(ds, tq, acc0);
+                        } else {
+                            acc1 = _mm256_fmadd_ps(ds, tq, acc1);
+                        }
                     }
                 }
             }
