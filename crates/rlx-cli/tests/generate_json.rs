@@ -95,3 +95,71 @@ fn chat_applies_the_models_template() {
         chat["text"]
     );
 }
+
+/// The fetched Gemma-3-270M Q4_K_M (SentencePiece tokenizer), if present.
+fn gemma3() -> Option<String> {
+    let root = std::env::var_os("RLX_MODELS_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models")))
+        .unwrap_or_default();
+    let p = root.join("gemma-3-270m/gemma-3-270m-q4_k_m.gguf");
+    if !p.exists() {
+        println!("skipped: model not fetched (run python3 scripts/fetch_models.py gemma3)");
+        return None;
+    }
+    Some(p.to_string_lossy().into_owned())
+}
+
+#[test]
+fn gemma3_text_prompt_matches_the_transformers_reference() {
+    let Some(model) = gemma3() else { return };
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../rlx-models/tests/data/gemma3_270m_logits.json"
+    );
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let case = &r["cases"][0];
+    let prompt = case["prompt"].as_str().unwrap();
+    assert_eq!(prompt, "The capital of France is");
+    let j: Value = serde_json::from_str(&run(&[
+        "generate",
+        "--model",
+        &model,
+        prompt,
+        "--max-tokens",
+        "24",
+        "--json",
+    ]))
+    .unwrap();
+    assert_eq!(j["prompt_ids"], case["prompt_ids"]);
+    assert_eq!(j["ids"], case["greedy_ids"]);
+    assert_eq!(j["text"], case["greedy_text"]);
+}
+
+#[test]
+fn gemma3_chat_uses_the_gemma_turn_format() {
+    let Some(model) = gemma3() else { return };
+    let j: Value = serde_json::from_str(&run(&[
+        "generate",
+        "--model",
+        &model,
+        "What is the capital of France?",
+        "--chat",
+        "--max-tokens",
+        "1",
+        "--json",
+    ]))
+    .unwrap();
+    // <bos><start_of_turn>user\n What is the capital of France?<end_of_turn>\n
+    // <start_of_turn>model\n
+    let want = [
+        2, 105, 2364, 107, 3689, 563, 506, 5279, 529, 7001, 236881, 106, 107, 105, 4368, 107,
+    ];
+    let got: Vec<u64> = j["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(got, want);
+}

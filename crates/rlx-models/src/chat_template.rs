@@ -1,11 +1,18 @@
 //! Chat prompts from the model's own template (`tokenizer.chat_template`
-//! in the GGUF), rendered with minijinja; ChatML when the file has none.
+//! in the GGUF), rendered with minijinja. When the file has none: Gemma's
+//! turn format if the vocabulary has `<start_of_turn>` and `<end_of_turn>`
+//! (the Gemma 3 GGUFs carry no template), ChatML otherwise.
 
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
 
 /// ChatML, used when the GGUF carries no template.
 const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+/// Gemma's turn format (as in Gemma 3's `tokenizer_config.json`): BOS, a
+/// system message folded into the first user turn, `assistant` written
+/// `model`, contents trimmed.
+const GEMMA: &str = "{{ bos_token }}{% if messages and messages[0]['role'] == 'system' %}{% set first_user_prefix = messages[0]['content'] + '\n\n' %}{% set loop_messages = messages[1:] %}{% else %}{% set first_user_prefix = '' %}{% set loop_messages = messages %}{% endif %}{% for message in loop_messages %}{% if message['role'] == 'assistant' %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}";
 
 /// One chat message.
 #[derive(Debug, Clone, Serialize)]
@@ -40,15 +47,21 @@ impl ChatTemplate {
         })
     }
 
-    /// The template of a GGUF file (`tokenizer.chat_template`, ChatML when
-    /// absent), with its tokenizer's BOS and EOS texts.
+    /// The template of a GGUF file (`tokenizer.chat_template`; when absent
+    /// Gemma's turn format for a vocabulary with `<start_of_turn>` and
+    /// `<end_of_turn>`, else ChatML), with its tokenizer's BOS and EOS texts.
     pub fn from_gguf(
         f: &rlx_formats::GgufFile,
         tok: &crate::gguf_tokenizer::GgufTokenizer,
     ) -> Result<Self, String> {
+        let gemma = || {
+            (tok.token_id("<start_of_turn>").is_some() && tok.token_id("<end_of_turn>").is_some())
+                .then_some(GEMMA)
+        };
         let src = f
             .metadata("tokenizer.chat_template")
-            .and_then(|v| v.as_str());
+            .and_then(|v| v.as_str())
+            .or_else(gemma);
         let text_of = |id: Option<u32>| {
             id.and_then(|i| tok.token_text(i).ok())
                 .unwrap_or_default()
@@ -84,6 +97,37 @@ mod tests {
             }])
             .unwrap();
         assert_eq!(p, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn gemma_fallback_folds_the_system_turn_and_names_the_model() {
+        let t = ChatTemplate::new(Some(GEMMA), "<bos>", "<eos>").unwrap();
+        let msg = |role: &str, content: &str| Message {
+            role: role.into(),
+            content: content.into(),
+        };
+        let p = t
+            .render(&[
+                msg("system", "Be brief."),
+                msg("user", " hi "),
+                msg("assistant", "Hello!"),
+                msg("user", "Bye"),
+            ])
+            .unwrap();
+        assert_eq!(
+            p,
+            "<bos><start_of_turn>user\nBe brief.\n\nhi<end_of_turn>\n\
+             <start_of_turn>model\nHello!<end_of_turn>\n\
+             <start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+        );
+        let p = t
+            .render(&[msg("user", "The capital of France is")])
+            .unwrap();
+        assert_eq!(
+            p,
+            "<bos><start_of_turn>user\nThe capital of France is<end_of_turn>\n\
+             <start_of_turn>model\n"
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! - [`embedder`]: [`SentenceEmbedder`], sentence embeddings end to end.
 //! - [`st`]: the sentence-transformers files (pooling, Normalize, prompts).
 //! - [`tokenizer`]: BERT WordPiece tokenization via `tokenizers`.
-//! - [`gguf_tokenizer`]: byte-level BPE tokenization from GGUF metadata.
+//! - [`gguf_tokenizer`]: byte-level BPE (`gpt2`) and SentencePiece (`llama`)
+//!   tokenization from GGUF metadata.
 //! - [`llama`]: Llama-family decoders from GGUF (prefill/decode graphs, KV cache, generation).
 //! - [`reranker`]: [`Reranker`], cross-encoder scores of (query, document) pairs.
 //! - [`recurrent`]: a Qwen3-Next-style GatedDeltaNet block and a 3:1 GDN/attention hybrid.
