@@ -94,62 +94,96 @@ fn run(mut e: SentenceEmbedder, rx: Receiver<EmbedJob>, cfg: BatchConfig, m: Arc
         }
         m.embed_queued(-(jobs.len() as i64));
         run_jobs(&mut e, jobs, &cfg, &m);
+        m.embed_shapes(e.cache_stats().compiled);
     }
 }
 
-/// Embed every row of `jobs`, bucketed by padded length, and answer each job.
+/// Embed every row of `jobs`, grouped by padded length
+/// ([`rlx::models::plan_runs`]: a row is padded as it would be alone, so
+/// its vector is bit for bit the one it gets alone), and answer each job as
+/// soon as its last row is done, not when the whole batch is.
 fn run_jobs(e: &mut SentenceEmbedder, jobs: Vec<EmbedJob>, cfg: &BatchConfig, m: &Metrics) {
-    let bucket = cfg.seq_bucket.max(1);
-    // (padded length, job, row) for every live row, sorted by length.
-    let mut items: Vec<(usize, usize, usize)> = Vec::new();
+    // (job, row) of every live row.
+    let mut items: Vec<(usize, usize)> = Vec::new();
+    let mut left: Vec<usize> = vec![0; jobs.len()];
     for (j, job) in jobs.iter().enumerate() {
         if job.reply.is_closed() {
             continue; // the client went away
         }
-        for (r, row) in job.rows.iter().enumerate() {
-            items.push((row.len().div_ceil(bucket) * bucket, j, r));
-        }
+        left[j] = job.rows.len();
+        items.extend((0..job.rows.len()).map(|r| (j, r)));
     }
-    items.sort();
+    let lengths: Vec<usize> = items.iter().map(|&(j, r)| jobs[j].rows[r].len()).collect();
+    let runs = rlx::models::plan_runs(
+        &lengths,
+        cfg.seq_bucket.max(1),
+        e.config().max_seq(),
+        usize::MAX,
+        cfg.max_batch_tokens,
+    );
     let mut out: Vec<Vec<Option<Vec<f32>>>> =
         jobs.iter().map(|j| vec![None; j.rows.len()]).collect();
     let mut failed: Vec<Option<String>> = vec![None; jobs.len()];
-    let mut i = 0;
-    while i < items.len() {
-        let len = items[i].0;
-        let per_chunk = (cfg.max_batch_tokens / len.max(1)).max(1);
-        let mut end = i;
-        while end < items.len() && items[end].0 == len && end - i < per_chunk {
-            end += 1;
+    let mut replies: Vec<Option<oneshot::Sender<EmbedResult>>> =
+        jobs.iter().map(|_| None).collect();
+    let mut rows_of: Vec<Vec<Vec<i64>>> = Vec::with_capacity(jobs.len());
+    for (j, job) in jobs.into_iter().enumerate() {
+        replies[j] = Some(job.reply);
+        rows_of.push(job.rows);
+    }
+    for run in runs {
+        let chunk: Vec<(usize, usize)> = run
+            .iter()
+            .map(|&k| items[k])
+            .filter(|&(j, _)| replies[j].is_some())
+            .collect();
+        if chunk.is_empty() {
+            continue;
         }
-        let chunk = &items[i..end];
         let rows: Vec<Vec<i64>> = chunk
             .iter()
-            .map(|&(_, j, r)| jobs[j].rows[r].clone())
+            .map(|&(j, r)| std::mem::take(&mut rows_of[j][r]))
             .collect();
         m.batch(rows.len());
         match e.embed_ids(&rows) {
             Ok(vecs) => {
-                for (&(_, j, r), v) in chunk.iter().zip(vecs) {
+                for (&(j, r), v) in chunk.iter().zip(vecs) {
                     out[j][r] = Some(v);
+                    left[j] -= 1;
                 }
             }
             Err(err) => {
-                for &(_, j, _) in chunk {
+                for &(j, _) in &chunk {
                     failed[j] = Some(err.to_string());
+                    left[j] = 0;
                 }
             }
         }
-        i = end;
+        // Answer the jobs this run finished (or failed): a job answered is
+        // left out of later runs.
+        for &(j, _) in &chunk {
+            if left[j] == 0 {
+                if let Some(reply) = replies[j].take() {
+                    let res = match failed[j].take() {
+                        Some(msg) => Err(msg),
+                        None => std::mem::take(&mut out[j])
+                            .into_iter()
+                            .collect::<Option<Vec<_>>>()
+                            .ok_or_else(|| "an input was not embedded".to_string()),
+                    };
+                    let _ = reply.send(res);
+                }
+            }
+        }
     }
-    for ((job, vecs), fail) in jobs.into_iter().zip(out).zip(failed) {
-        let res = match fail {
-            Some(msg) => Err(msg),
-            None => vecs
+    // Jobs whose client went away (or with no rows) still get an answer.
+    for (j, reply) in replies.into_iter().enumerate() {
+        if let Some(reply) = reply {
+            let res = std::mem::take(&mut out[j])
                 .into_iter()
                 .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| "an input was not embedded".to_string()),
-        };
-        let _ = job.reply.send(res);
+                .ok_or_else(|| "an input was not embedded".to_string());
+            let _ = reply.send(res);
+        }
     }
 }
