@@ -36,7 +36,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 8192)]
     max_batch_tokens: usize,
     /// Milliseconds an embedding request waits for others to join its
-    /// batch (requests already queued join at once, without waiting).
+    /// batch, while requests overlap (the previous batch held more than
+    /// one); requests already queued join without waiting.
     #[arg(long, default_value_t = 2.0)]
     batch_wait_ms: f64,
     /// Sequences generated at once (slots, each with its own KV cache).

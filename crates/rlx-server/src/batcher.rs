@@ -54,7 +54,8 @@ impl EmbedHandle {
 pub struct BatchConfig {
     /// Most padded tokens (`rows x padded length`) in one model run.
     pub max_batch_tokens: usize,
-    /// How long the first request of a batch waits for others.
+    /// How long the first request of a batch waits for others (only while
+    /// requests overlap: the previous batch held more than one).
     pub wait: Duration,
     /// Requests that may wait in the queue.
     pub queue: usize,
@@ -78,10 +79,16 @@ pub fn spawn(
 }
 
 fn run(mut e: SentenceEmbedder, rx: Receiver<EmbedJob>, cfg: BatchConfig, m: Arc<Metrics>) {
+    // Whether requests overlap: the last batch held more than one. A lone
+    // client's request runs at once instead of waiting out `cfg.wait` for
+    // company that does not come (its next request waits for this answer);
+    // jobs already queued join either way.
+    let mut concurrent = false;
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         let mut tokens: usize = jobs[0].rows.iter().map(Vec::len).sum();
-        let deadline = Instant::now() + cfg.wait;
+        let wait = if concurrent { cfg.wait } else { Duration::ZERO };
+        let deadline = Instant::now() + wait;
         while tokens < cfg.max_batch_tokens {
             let left = deadline.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
@@ -93,6 +100,7 @@ fn run(mut e: SentenceEmbedder, rx: Receiver<EmbedJob>, cfg: BatchConfig, m: Arc
             }
         }
         m.embed_queued(-(jobs.len() as i64));
+        concurrent = jobs.len() > 1;
         run_jobs(&mut e, jobs, &cfg, &m);
         m.embed_shapes(e.cache_stats().compiled);
     }

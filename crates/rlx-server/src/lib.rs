@@ -194,9 +194,9 @@ fn load_embed(
     let seq_bucket = opts.seq_bucket;
     let mut e = SentenceEmbedder::load_with(dir, opts)
         .map_err(|e| format!("--embed-model {}: {e}", dir.display()))?;
-    // The plan of one short input (the warm-up's shape: padded to one
-    // bucket), compiled here and then reused by the warm-up.
-    let seq = seq_bucket.clamp(1, e.config().max_position_embeddings.max(1));
+    // The plan of one short input (the warm-up's shape: padded to the
+    // least padded length), compiled here and then reused by the warm-up.
+    let seq = rlx::models::padded_len(1, seq_bucket, e.config().max_seq().max(1));
     let plans = vec![e
         .plan_for(1, seq)
         .map_err(|err| format!("--embed-model {}: {err}", dir.display()))?];
