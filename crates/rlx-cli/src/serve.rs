@@ -35,10 +35,10 @@ pub struct ServeArgs {
     /// Most padded tokens in one embedding batch.
     #[arg(long, default_value_t = 8192)]
     max_batch_tokens: usize,
-    /// Milliseconds an embedding request waits for others to join its
-    /// batch, while requests overlap (the previous batch held more than
-    /// one); requests already queued join without waiting.
-    #[arg(long, default_value_t = 2.0)]
+    /// Most milliseconds an embedding request waits for others to join its
+    /// batch: only while requests overlap, and only until as many have come
+    /// as the last batch held; requests already queued join without waiting.
+    #[arg(long, default_value_t = 5.0)]
     batch_wait_ms: f64,
     /// Sequences generated at once (slots, each with its own KV cache).
     #[arg(long, default_value_t = 4)]

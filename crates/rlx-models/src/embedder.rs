@@ -390,6 +390,33 @@ impl SentenceEmbedder {
         Ok(self.models.get_mut(&key).expect("inserted above"))
     }
 
+    /// Compile now (without running) the CPU shapes of 1 to `max_rows`
+    /// rows at every padded length up to `max_len` tokens ([`padded_len`]),
+    /// so that the first batches of those shapes do not wait for a compile
+    /// (a few ms each; the arenas are allocated on first use). Returns how
+    /// many shapes were compiled. Shapes beyond the cache budget
+    /// ([`EmbedOptions::cache_bytes`]) push out the least recently used, so
+    /// this is meant for small bounds. CUDA compiles per batch as it comes:
+    /// nothing is done there.
+    pub fn warm(&mut self, max_rows: usize, max_len: usize) -> Result<usize, ModelError> {
+        #[cfg(feature = "cuda")]
+        if let EmbedDevice::Cuda(_) = &self.device {
+            return Ok(0);
+        }
+        let (bucket, top) = (self.seq_bucket(), self.cfg.max_seq());
+        let mut lens: Vec<usize> = (1..=max_len.min(top))
+            .map(|l| padded_len(l, bucket, top))
+            .collect();
+        lens.dedup();
+        let before = self.compiled;
+        for &s in &lens {
+            for b in 1..=max_rows {
+                self.model_for(b, s, false)?;
+            }
+        }
+        Ok(self.compiled - before)
+    }
+
     /// The plan of the CPU model for a `batch` x `seq` pooled-embedding
     /// batch (compiled now if this shape is not cached; `seq` as it runs,
     /// i.e. after padding to [`EmbedOptions::seq_bucket`]). On CUDA the
