@@ -150,10 +150,11 @@ pub struct EmbedOptions {
     /// keeps exactly one. Default [`DEFAULT_CACHE_BYTES`].
     pub cache_bytes: usize,
     /// CPU: sequence lengths are padded with masked `[PAD]` tokens up to a
-    /// multiple of this (capped at the model's maximum length), so batches
-    /// of similar lengths share one compiled shape. The padding is masked
-    /// out of attention and pooling: embeddings match the unpadded ones
-    /// (to float rounding, ~1e-6). `1` runs every length as it is.
+    /// multiple of this and at least [`MIN_PADDED_LEN`] (capped at the
+    /// model's maximum length), so batches of similar lengths share one
+    /// compiled shape ([`padded_len`]). The padding is masked out of
+    /// attention and pooling: embeddings match the unpadded ones (to float
+    /// rounding, ~1e-6). `1` pads only short inputs (to the minimum).
     /// Default [`CPU_SEQ_BUCKET`].
     pub seq_bucket: usize,
 }
