@@ -113,6 +113,34 @@ class Server:
         self.stop()
         raise RuntimeError(f"{self.name} not healthy after {timeout}s; see {self.log_path}")
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time (user + system) used so far by the server process and
+        its descendants (from /proc; None off Linux or once stopped)."""
+        if self.proc is None or not os.path.isdir("/proc"):
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+        stats: dict[int, tuple[int, float]] = {}  # pid -> (ppid, cpu seconds)
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    rest = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(d)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / tick)
+        tree, total = {self.proc.pid}, 0.0
+        grew = True
+        while grew:
+            grew = False
+            for pid, (ppid, _) in stats.items():
+                if ppid in tree and pid not in tree:
+                    tree.add(pid)
+                    grew = True
+        for pid in tree:
+            total += stats.get(pid, (0, 0.0))[1]
+        return total
+
     def stop(self) -> None:
         if self.proc is None:
             return

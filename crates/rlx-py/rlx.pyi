@@ -75,8 +75,9 @@ class SentenceEmbedder:
     ) -> npt.NDArray[np.float32]:
         """Embed ``texts`` (a list/iterable of str, a 1-D numpy string array
         or a pyarrow string array): float32 array ``[len(texts), dim]``.
-        ``batch_size``: 1 to 1024 texts per model run (batched longest
-        first; rows return in input order). ``normalize``: L2-
+        ``batch_size``: 1 to 1024 texts per model run (texts grouped by
+        token length, so a run pads little and each row equals the text's
+        embedding alone; rows return in input order). ``normalize``: L2-
         normalize each row (else the mean-pooled token states).
         ``show_progress``: print progress to stderr. Releases the GIL."""
 

@@ -385,7 +385,10 @@ pub fn run(a: EmbedArgs) -> Result<(), String> {
                 break;
             }
             let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
-            let emb = model.embed(&refs).map_err(|e| e.to_string())?;
+            // Grouped by length: each row is the text embedded alone.
+            let emb = model
+                .embed_many(&refs, a.batch_size)
+                .map_err(|e| e.to_string())?;
             sink.write(&emb)?;
             rows += emb.len() as u64;
             if let (Some(b), Input::Lines(r)) = (&bar, &input) {

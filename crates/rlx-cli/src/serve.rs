@@ -35,6 +35,11 @@ pub struct ServeArgs {
     /// Most padded tokens in one embedding batch.
     #[arg(long, default_value_t = 8192)]
     max_batch_tokens: usize,
+    /// Most milliseconds an embedding request waits for others to join its
+    /// batch: only while requests overlap, and only until as many have come
+    /// as the last batch held; requests already queued join without waiting.
+    #[arg(long, default_value_t = 5.0)]
+    batch_wait_ms: f64,
     /// Sequences generated at once (slots, each with its own KV cache).
     #[arg(long, default_value_t = 4)]
     max_concurrent: usize,
@@ -75,6 +80,12 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         return Err("--device cuda: rlx serve runs on the CPU only today".into());
     }
     let threads = crate::check_threads(a.threads)?;
+    if !(0.0..=10_000.0).contains(&a.batch_wait_ms) {
+        return Err(format!(
+            "--batch-wait-ms {}: expected 0 to 10000 milliseconds",
+            a.batch_wait_ms
+        ));
+    }
     let embed_model = match &a.embed_model {
         Some(m) if !std::path::Path::new(m).exists() => Some(crate::embed_model_dir(m)?),
         m => m.as_ref().map(PathBuf::from),
@@ -88,6 +99,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         port: a.port,
         threads,
         max_batch_tokens: a.max_batch_tokens,
+        batch_wait: Duration::from_secs_f64(a.batch_wait_ms / 1e3),
         max_concurrent: a.max_concurrent,
         queue: a.queue,
         timeout: Duration::from_secs(a.timeout),

@@ -150,10 +150,11 @@ pub struct EmbedOptions {
     /// keeps exactly one. Default [`DEFAULT_CACHE_BYTES`].
     pub cache_bytes: usize,
     /// CPU: sequence lengths are padded with masked `[PAD]` tokens up to a
-    /// multiple of this (capped at the model's maximum length), so batches
-    /// of similar lengths share one compiled shape. The padding is masked
-    /// out of attention and pooling: embeddings match the unpadded ones
-    /// (to float rounding, ~1e-6). `1` runs every length as it is.
+    /// multiple of this and at least [`MIN_PADDED_LEN`] (capped at the
+    /// model's maximum length), so batches of similar lengths share one
+    /// compiled shape ([`padded_len`]). The padding is masked out of
+    /// attention and pooling: embeddings match the unpadded ones (to float
+    /// rounding, ~1e-6). `1` pads only short inputs (to the minimum).
     /// Default [`CPU_SEQ_BUCKET`].
     pub seq_bucket: usize,
 }
@@ -161,8 +162,12 @@ pub struct EmbedOptions {
 /// Default [`EmbedOptions::cache_bytes`]: 512 MiB.
 pub const DEFAULT_CACHE_BYTES: usize = 512 << 20;
 
-/// Default [`EmbedOptions::seq_bucket`] on the CPU.
-pub const CPU_SEQ_BUCKET: usize = 16;
+/// Default [`EmbedOptions::seq_bucket`] on the CPU. Small: a model run
+/// costs about as much per token at 4 tokens of padding as at 16, so
+/// coarser buckets only add padded work (short sentences of 8-23 tokens
+/// padded to 16 gave 1.49x the real tokens, to 4 1.10x); the shapes it
+/// adds compile in a few milliseconds each (weights are shared).
+pub const CPU_SEQ_BUCKET: usize = 4;
 
 impl Default for EmbedOptions {
     fn default() -> Self {
@@ -386,6 +391,33 @@ impl SentenceEmbedder {
         Ok(self.models.get_mut(&key).expect("inserted above"))
     }
 
+    /// Compile now (without running) the CPU shapes of 1 to `max_rows`
+    /// rows at every padded length up to `max_len` tokens ([`padded_len`]),
+    /// so that the first batches of those shapes do not wait for a compile
+    /// (a few ms each; the arenas are allocated on first use). Returns how
+    /// many shapes were compiled. Shapes beyond the cache budget
+    /// ([`EmbedOptions::cache_bytes`]) push out the least recently used, so
+    /// this is meant for small bounds. CUDA compiles per batch as it comes:
+    /// nothing is done there.
+    pub fn warm(&mut self, max_rows: usize, max_len: usize) -> Result<usize, ModelError> {
+        #[cfg(feature = "cuda")]
+        if let EmbedDevice::Cuda(_) = &self.device {
+            return Ok(0);
+        }
+        let (bucket, top) = (self.seq_bucket(), self.cfg.max_seq());
+        let mut lens: Vec<usize> = (1..=max_len.min(top))
+            .map(|l| padded_len(l, bucket, top))
+            .collect();
+        lens.dedup();
+        let before = self.compiled;
+        for &s in &lens {
+            for b in 1..=max_rows {
+                self.model_for(b, s, false)?;
+            }
+        }
+        Ok(self.compiled - before)
+    }
+
     /// The plan of the CPU model for a `batch` x `seq` pooled-embedding
     /// batch (compiled now if this shape is not cached; `seq` as it runs,
     /// i.e. after padding to [`EmbedOptions::seq_bucket`]). On CUDA the
@@ -456,16 +488,106 @@ impl SentenceEmbedder {
         Ok((e, t.unwrap_or_default()))
     }
 
-    /// `prompt`: `None` is the default prompt.
-    fn embed_batch(
+    /// Embed many texts in few model runs, one vector per text in input
+    /// order, each **bit for bit** [`embed`](Self::embed) of that text
+    /// alone: texts are tokenized together, grouped by their padded
+    /// length (their length rounded up to [`EmbedOptions::seq_bucket`],
+    /// as a text alone is padded; see [`plan_runs`]) and each group runs
+    /// in batches of at most `max_rows` texts. Compared with
+    /// [`embed`](Self::embed) of the whole list (every row padded to the
+    /// longest), short texts carry no padding for long ones.
+    pub fn embed_many(
+        &mut self,
+        texts: &[&str],
+        max_rows: usize,
+    ) -> Result<Embeddings, ModelError> {
+        Ok(self.embed_planned(texts, false, None, max_rows)?.0)
+    }
+
+    /// [`embed_many`](Self::embed_many), also returning the last hidden
+    /// states per text (`len x hidden`, unpadded), as
+    /// [`embed_with_tokens`](Self::embed_with_tokens) of each text alone.
+    pub fn embed_many_with_tokens(
+        &mut self,
+        texts: &[&str],
+        max_rows: usize,
+    ) -> Result<(Embeddings, Embeddings), ModelError> {
+        let (e, t) = self.embed_planned(texts, true, None, max_rows)?;
+        Ok((e, t.unwrap_or_default()))
+    }
+
+    /// [`embed_ids`](Self::embed_ids) of many rows in few model runs, each
+    /// row's vector bit for bit `embed_ids` of that row alone (grouped by
+    /// padded length as [`embed_many`](Self::embed_many) groups texts).
+    pub fn embed_ids_many(
+        &mut self,
+        rows: &[Vec<i64>],
+        max_rows: usize,
+    ) -> Result<Embeddings, ModelError> {
+        let lengths: Vec<usize> = rows.iter().map(Vec::len).collect();
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); rows.len()];
+        for run in plan_runs(
+            &lengths,
+            self.seq_bucket(),
+            self.cfg.max_seq(),
+            max_rows,
+            usize::MAX,
+        ) {
+            let part: Vec<Vec<i64>> = run.iter().map(|&i| rows[i].clone()).collect();
+            for (&i, v) in run.iter().zip(self.embed_ids(&part)?) {
+                out[i] = v;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The sequence bucket rows are padded to on this embedder's device.
+    pub fn seq_bucket(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        if let EmbedDevice::Cuda(_) = &self.device {
+            return CUDA_SEQ_BUCKET;
+        }
+        self.opts.seq_bucket.max(1)
+    }
+
+    fn embed_planned(
         &mut self,
         texts: &[&str],
         tokens: bool,
         prompt: Option<&str>,
+        max_rows: usize,
     ) -> Result<(Embeddings, Option<Embeddings>), ModelError> {
         if texts.is_empty() {
             return Ok((vec![], tokens.then(Vec::new)));
         }
+        let (all, prompt_len) = self.tokenize(texts, prompt)?;
+        let mut emb: Embeddings = vec![Vec::new(); texts.len()];
+        let mut toks: Option<Embeddings> = tokens.then(|| vec![Vec::new(); texts.len()]);
+        let runs = plan_runs(
+            &all.lengths,
+            self.seq_bucket(),
+            self.cfg.max_seq(),
+            max_rows,
+            usize::MAX,
+        );
+        for run in runs {
+            let (e, t) = self.run_batch(all.select(&run), tokens, prompt_len)?;
+            for (k, &i) in run.iter().enumerate() {
+                emb[i] = e[k].clone();
+            }
+            if let (Some(dst), Some(t)) = (toks.as_mut(), t) {
+                for (&i, row) in run.iter().zip(t) {
+                    dst[i] = row;
+                }
+            }
+        }
+        Ok((emb, toks))
+    }
+
+    /// Tokenize `texts` with the prompt (`None`: the default prompt)
+    /// prepended and the model's lower-casing: one batch padded to the
+    /// longest, and the prompt's length in tokens.
+    fn tokenize(&self, texts: &[&str], prompt: Option<&str>) -> Result<(Batch, usize), ModelError> {
         let prompt = match prompt {
             Some(p) => p.to_string(),
             None => self.st.prompt(None)?.to_string(),
@@ -488,7 +610,20 @@ impl SentenceEmbedder {
             })
             .collect();
         let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-        let batch = self.tokenizer.encode_batch(&refs)?;
+        Ok((self.tokenizer.encode_batch(&refs)?, prompt_len))
+    }
+
+    /// `prompt`: `None` is the default prompt.
+    fn embed_batch(
+        &mut self,
+        texts: &[&str],
+        tokens: bool,
+        prompt: Option<&str>,
+    ) -> Result<(Embeddings, Option<Embeddings>), ModelError> {
+        if texts.is_empty() {
+            return Ok((vec![], tokens.then(Vec::new)));
+        }
+        let (batch, prompt_len) = self.tokenize(texts, prompt)?;
         self.run_batch(batch, tokens, prompt_len)
     }
 
@@ -665,13 +800,74 @@ pub(crate) fn load_weights(
     Ok(weights)
 }
 
+/// The length a row of `len` tokens is padded to: a multiple of `bucket`
+/// and at least [`MIN_PADDED_LEN`], at most `max_len`, never less than
+/// `len` (as [`pad_batch`] pads a batch whose longest row has `len`
+/// tokens).
+pub fn padded_len(len: usize, bucket: usize, max_len: usize) -> usize {
+    let b = bucket.max(1);
+    (len.max(MIN_PADDED_LEN).div_ceil(b) * b)
+        .min(max_len)
+        .max(len)
+}
+
+/// Rows are padded to at least this many tokens. Below it, a one-row
+/// batch is so small that some kernels take their serial path where a
+/// larger batch of the same length takes the parallel one, and the two
+/// round differently (~1e-7); from 8 tokens on, a row's embedding is the
+/// same bit for bit whatever it is batched with (tested in
+/// `tests/embed_many.rs`), which the server's dynamic batching relies on.
+pub const MIN_PADDED_LEN: usize = 8;
+
+/// How to run rows of these token `lengths` in few model runs without
+/// changing any row's result: the indices of each run, in run order.
+///
+/// A row's embedding depends, bit for bit, on its own tokens and the
+/// length it is padded to, not on the other rows of its batch (every
+/// kernel works row by row; padding is masked). So rows are grouped by
+/// [`padded_len`] (as a row alone is padded), shortest group first, and a
+/// group larger than `max_rows` rows or `max_tokens` padded tokens is split
+/// into near-equal runs (33 rows at most 32 a run: 17 + 16, not 32 + 1,
+/// since a run of few rows costs more per row). Within a run, rows keep
+/// their input order. Every run holds at least one row.
+pub fn plan_runs(
+    lengths: &[usize],
+    bucket: usize,
+    max_len: usize,
+    max_rows: usize,
+    max_tokens: usize,
+) -> Vec<Vec<usize>> {
+    let mut order: Vec<(usize, usize)> = lengths
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| (padded_len(l, bucket, max_len), i))
+        .collect();
+    order.sort_unstable();
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < order.len() {
+        let len = order[i].0;
+        let end = i + order[i..].iter().take_while(|(l, _)| *l == len).count();
+        let cap = max_rows.min(max_tokens / len.max(1)).max(1);
+        let n = end - i;
+        let k = n.div_ceil(cap);
+        let (base, extra) = (n / k, n % k);
+        let mut at = i;
+        for r in 0..k {
+            let size = base + usize::from(r < extra);
+            runs.push(order[at..at + size].iter().map(|&(_, j)| j).collect());
+            at += size;
+        }
+        i = end;
+    }
+    runs
+}
+
 /// `batch` with every row padded by masked `[PAD]` (id 0) tokens to a
 /// multiple of `bucket` (at most `max_len`, and never shorter than it was).
 pub(crate) fn pad_batch(batch: Batch, bucket: usize, max_len: usize) -> Batch {
     let s = batch.seq;
-    let padded = (s.div_ceil(bucket.max(1)) * bucket.max(1))
-        .min(max_len)
-        .max(s);
+    let padded = padded_len(s, bucket, max_len);
     if padded == s {
         return batch;
     }
@@ -763,16 +959,44 @@ mod tests {
             seq: 3,
             lengths: vec![3, 2],
         };
+        // At least MIN_PADDED_LEN (8) tokens, then a multiple of the bucket.
         let p = pad_batch(b.clone(), 4, 512);
-        assert_eq!((p.batch, p.seq), (2, 4));
-        assert_eq!(p.ids, vec![101, 7, 102, 0, 101, 102, 0, 0]);
+        assert_eq!((p.batch, p.seq), (2, 8));
+        assert_eq!(
+            p.ids,
+            vec![101, 7, 102, 0, 0, 0, 0, 0, 101, 102, 0, 0, 0, 0, 0, 0]
+        );
+        let mask = |n: usize| (0..8).map(move |i| if i < n { 1.0 } else { 0.0 });
         assert_eq!(
             p.attention_mask,
-            vec![1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+            mask(3).chain(mask(2)).collect::<Vec<f32>>()
         );
         assert_eq!(p.lengths, vec![3, 2]);
+        assert_eq!(pad_batch(b.clone(), 16, 512).seq, 16);
         // Never past the model's length, never shorter than the batch.
         assert_eq!(pad_batch(b.clone(), 4, 3).seq, 3);
-        assert_eq!(pad_batch(b, 1, 512).seq, 3);
+        assert_eq!(pad_batch(b, 1, 5).seq, 5);
+    }
+
+    #[test]
+    fn runs_split_a_group_evenly_within_the_row_and_token_limits() {
+        // 33 rows of one padded length, at most 32 a run: 17 + 16.
+        let runs = plan_runs(&[10; 33], 4, 512, 32, usize::MAX);
+        assert_eq!(runs.iter().map(Vec::len).collect::<Vec<_>>(), vec![17, 16]);
+        // Input order kept within a run.
+        assert_eq!(runs[0], (0..17).collect::<Vec<_>>());
+        // 12 rows of 12 padded tokens, at most 100 tokens a run (8 rows):
+        // 6 + 6.
+        let runs = plan_runs(&[11; 12], 4, 512, 1024, 100);
+        assert_eq!(runs.iter().map(Vec::len).collect::<Vec<_>>(), vec![6, 6]);
+        // A row alone over the budget still runs (alone).
+        assert_eq!(plan_runs(&[300], 4, 512, 1024, 100), vec![vec![0]]);
+        // Different padded lengths never share a run: 5 -> 8, 8 -> 8, 9 -> 12.
+        // (3 -> 8 too: at least MIN_PADDED_LEN.)
+        assert_eq!(
+            plan_runs(&[9, 5, 8], 4, 512, 1024, usize::MAX),
+            vec![vec![1, 2], vec![0]]
+        );
+        assert!(plan_runs(&[], 4, 512, 8, 8).is_empty());
     }
 }

@@ -31,8 +31,8 @@ pub mod tokenizer;
 pub mod validate;
 
 pub use embedder::{
-    CacheStats, EmbedDevice, EmbedOptions, ModelError, SentenceEmbedder, CPU_SEQ_BUCKET,
-    CUDA_SEQ_BUCKET, DEFAULT_CACHE_BYTES,
+    padded_len, plan_runs, CacheStats, EmbedDevice, EmbedOptions, ModelError, SentenceEmbedder,
+    CPU_SEQ_BUCKET, CUDA_SEQ_BUCKET, DEFAULT_CACHE_BYTES,
 };
 pub use reranker::{Ranked, Reranker, ScoreActivation};
 pub use st::{Pooling, PoolingMode, StConfig};

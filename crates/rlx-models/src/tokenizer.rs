@@ -100,6 +100,30 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// The rows `rows` (indices into this batch, in that order) as a batch
+    /// of their own, padded to the longest of them (the padding they had
+    /// beyond it dropped).
+    pub fn select(&self, rows: &[usize]) -> Batch {
+        let seq = rows.iter().map(|&r| self.lengths[r]).max().unwrap_or(0);
+        let mut out = Batch {
+            ids: Vec::with_capacity(rows.len() * seq),
+            attention_mask: Vec::with_capacity(rows.len() * seq),
+            token_type_ids: Vec::with_capacity(rows.len() * seq),
+            batch: rows.len(),
+            seq,
+            lengths: rows.iter().map(|&r| self.lengths[r]).collect(),
+        };
+        for &r in rows {
+            let span = r * self.seq..r * self.seq + seq;
+            out.ids.extend_from_slice(&self.ids[span.clone()]);
+            out.attention_mask
+                .extend_from_slice(&self.attention_mask[span.clone()]);
+            out.token_type_ids
+                .extend_from_slice(&self.token_type_ids[span]);
+        }
+        out
+    }
+
     /// The unpadded token ids of sentence `i`, or `None` if `i >= batch`.
     pub fn row_ids(&self, i: usize) -> Option<&[i64]> {
         let len = *self.lengths.get(i)?;
@@ -115,6 +139,11 @@ pub struct BertTokenizer {
     path: PathBuf,
     max_seq_len: usize,
     pad_id: u32,
+    /// `inner.get_vocab_size(true)`, counted once: `tokenizers` counts it
+    /// by building the whole vocabulary map, which per request (the
+    /// server checks token ids against it) cost a quarter of the server's
+    /// CPU.
+    vocab_size: usize,
 }
 
 /// The subset of `sentence_bert_config.json` that tokenization needs.
@@ -196,11 +225,13 @@ impl BertTokenizer {
                 path: path.clone(),
                 message: e.to_string(),
             })?;
+        let vocab_size = inner.get_vocab_size(true);
         Ok(Self {
             inner,
             path,
             max_seq_len,
             pad_id,
+            vocab_size,
         })
     }
 
@@ -216,7 +247,7 @@ impl BertTokenizer {
 
     /// Vocabulary size, added tokens included.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.vocab_size
     }
 
     /// The `tokenizer.json` this tokenizer was loaded from.

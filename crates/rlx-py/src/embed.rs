@@ -13,6 +13,10 @@ use std::sync::Mutex;
 /// Largest `batch_size` (as `rlx embed --batch-size`).
 pub const MAX_BATCH: usize = 1024;
 
+/// Texts tokenized and planned together by `encode` (see
+/// `SentenceEmbedder::embed_many`).
+const SLICE: usize = 4096;
+
 /// A loaded sentence-embedding model (`rlx.SentenceEmbedder`).
 ///
 /// Calls from several Python threads are safe: each `encode` releases the
@@ -214,9 +218,10 @@ impl PySentenceEmbedder {
     /// `texts`: a list (or any iterable) of str, a 1-D numpy array of
     /// strings, or a pyarrow string array. Texts are truncated to the
     /// model's maximum length as sentence-transformers does. `batch_size`
-    /// (1 to 1024): texts per model run; texts are batched longest first
-    /// (as sentence-transformers does, so a batch pads little) and the rows
-    /// come back in the input order. `normalize`: L2-normalize each row
+    /// (1 to 1024): most texts per model run; texts are grouped by their
+    /// token length (rounded up to a multiple of 4), so a run pads little
+    /// and each row equals that text's embedding alone; the rows come back
+    /// in the input order. `normalize`: L2-normalize each row
     /// (otherwise the mean-pooled token states). `show_progress`: print
     /// `rlx encode: k/n` to stderr. The GIL is released while the model runs.
     #[pyo3(signature = (texts, batch_size = 32, normalize = true, show_progress = false))]
@@ -239,27 +244,34 @@ impl PySentenceEmbedder {
         let flat = py.detach(move || {
             guarded("SentenceEmbedder.encode", || {
                 let mut m = lock(inner, "SentenceEmbedder")?;
-                // Longest texts first, as sentence-transformers batches: a
-                // batch pads to its longest text, so similar lengths
-                // together pad least. Rows go back to the callers' order.
-                let mut order: Vec<usize> = (0..n).collect();
-                order.sort_by_key(|&i| std::cmp::Reverse(texts[i].chars().count()));
+                // The texts go to the model in slices (bounded memory and
+                // progress steps); within a slice `embed_many` groups them
+                // by padded length, at most `batch_size` to a run, so a
+                // short text is never padded to a long one's length, and
+                // every row equals that text's embedding alone.
+                let step = if show_progress {
+                    (batch_size as usize).saturating_mul(8)
+                } else {
+                    SLICE
+                };
                 let mut flat = vec![0f32; n * dim];
-                let mut put = |i: usize, v: &[f32]| flat[i * dim..(i + 1) * dim].copy_from_slice(v);
-                for (b, chunk) in order.chunks(batch_size as usize).enumerate() {
-                    let refs: Vec<&str> = chunk.iter().map(|&i| texts[i].as_str()).collect();
-                    if normalize {
-                        for (&i, v) in chunk.iter().zip(m.embed(&refs).map_err(model_err)?) {
-                            put(i, &v);
-                        }
+                let mut done = 0;
+                for slice in texts.chunks(step.max(1)) {
+                    let refs: Vec<&str> = slice.iter().map(String::as_str).collect();
+                    let rows = if normalize {
+                        m.embed_many(&refs, batch_size as usize)
+                            .map_err(model_err)?
                     } else {
-                        let (_, tokens) = m.embed_with_tokens(&refs).map_err(model_err)?;
-                        for (&i, t) in chunk.iter().zip(tokens) {
-                            put(i, &mean_pool(&t, dim));
-                        }
+                        let (_, tokens) = m
+                            .embed_many_with_tokens(&refs, batch_size as usize)
+                            .map_err(model_err)?;
+                        tokens.iter().map(|t| mean_pool(t, dim)).collect()
+                    };
+                    for (k, v) in rows.iter().enumerate() {
+                        flat[(done + k) * dim..(done + k + 1) * dim].copy_from_slice(v);
                     }
+                    done += slice.len();
                     if show_progress {
-                        let done = (b * batch_size as usize + chunk.len()).min(n);
                         eprint!("\rrlx encode: {done}/{n}");
                         if done == n {
                             eprintln!();

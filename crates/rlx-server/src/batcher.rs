@@ -54,7 +54,9 @@ impl EmbedHandle {
 pub struct BatchConfig {
     /// Most padded tokens (`rows x padded length`) in one model run.
     pub max_batch_tokens: usize,
-    /// How long the first request of a batch waits for others.
+    /// How long the first request of a batch waits for others, at most:
+    /// only while requests overlap, and only until as many have come as the
+    /// last batch held.
     pub wait: Duration,
     /// Requests that may wait in the queue.
     pub queue: usize,
@@ -78,12 +80,24 @@ pub fn spawn(
 }
 
 fn run(mut e: SentenceEmbedder, rx: Receiver<EmbedJob>, cfg: BatchConfig, m: Arc<Metrics>) {
+    // How many requests a batch may expect: the last batch's size, and
+    // falling by one a batch when fewer come (clients that send their next
+    // request when answered come back together; a batch stops waiting once
+    // that many are in). 1 (a lone client) waits not at all: its next
+    // request waits for this answer. Jobs already queued join either way.
+    let mut expect = 1usize;
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
         let mut tokens: usize = jobs[0].rows.iter().map(Vec::len).sum();
-        let deadline = Instant::now() + cfg.wait;
+        let wait = if expect > 1 { cfg.wait } else { Duration::ZERO };
+        let deadline = Instant::now() + wait;
         while tokens < cfg.max_batch_tokens {
-            let left = deadline.saturating_duration_since(Instant::now());
+            // Never wait for more than expected; take what is queued.
+            let left = if jobs.len() >= expect {
+                Duration::ZERO
+            } else {
+                deadline.saturating_duration_since(Instant::now())
+            };
             match rx.recv_timeout(left) {
                 Ok(j) => {
                     tokens += j.rows.iter().map(Vec::len).sum::<usize>();
@@ -93,54 +107,69 @@ fn run(mut e: SentenceEmbedder, rx: Receiver<EmbedJob>, cfg: BatchConfig, m: Arc
             }
         }
         m.embed_queued(-(jobs.len() as i64));
+        expect = jobs.len().max(expect.saturating_sub(1)).max(1);
         run_jobs(&mut e, jobs, &cfg, &m);
+        m.embed_shapes(e.cache_stats().compiled);
     }
 }
 
-/// Embed every row of `jobs`, bucketed by padded length, and answer each job.
+/// Embed every row of `jobs`, grouped by padded length
+/// ([`rlx::models::plan_runs`]: a row is padded as it would be alone, so
+/// its vector is bit for bit the one it gets alone), then answer every job.
+///
+/// All jobs are answered when the batch is done, not each as soon as its
+/// own rows are: with clients that send their next request when the last
+/// one is answered, early answers make latency uneven (a request sent early
+/// in one batch then waits out the rest of it, and may finish last in the
+/// next), which measured a 30-40% higher p99 at 8 and 64 clients, at the
+/// same throughput.
 fn run_jobs(e: &mut SentenceEmbedder, jobs: Vec<EmbedJob>, cfg: &BatchConfig, m: &Metrics) {
-    let bucket = cfg.seq_bucket.max(1);
-    // (padded length, job, row) for every live row, sorted by length.
-    let mut items: Vec<(usize, usize, usize)> = Vec::new();
+    // (job, row) of every live row.
+    let mut items: Vec<(usize, usize)> = Vec::new();
     for (j, job) in jobs.iter().enumerate() {
         if job.reply.is_closed() {
             continue; // the client went away
         }
-        for (r, row) in job.rows.iter().enumerate() {
-            items.push((row.len().div_ceil(bucket) * bucket, j, r));
-        }
+        items.extend((0..job.rows.len()).map(|r| (j, r)));
     }
-    items.sort();
+    let lengths: Vec<usize> = items.iter().map(|&(j, r)| jobs[j].rows[r].len()).collect();
+    let runs = rlx::models::plan_runs(
+        &lengths,
+        cfg.seq_bucket.max(1),
+        e.config().max_seq(),
+        usize::MAX,
+        cfg.max_batch_tokens,
+    );
     let mut out: Vec<Vec<Option<Vec<f32>>>> =
         jobs.iter().map(|j| vec![None; j.rows.len()]).collect();
     let mut failed: Vec<Option<String>> = vec![None; jobs.len()];
-    let mut i = 0;
-    while i < items.len() {
-        let len = items[i].0;
-        let per_chunk = (cfg.max_batch_tokens / len.max(1)).max(1);
-        let mut end = i;
-        while end < items.len() && items[end].0 == len && end - i < per_chunk {
-            end += 1;
+    for run in runs {
+        // A job that failed in an earlier run is not run further.
+        let chunk: Vec<(usize, usize)> = run
+            .iter()
+            .map(|&k| items[k])
+            .filter(|&(j, _)| failed[j].is_none())
+            .collect();
+        if chunk.is_empty() {
+            continue;
         }
-        let chunk = &items[i..end];
         let rows: Vec<Vec<i64>> = chunk
             .iter()
-            .map(|&(_, j, r)| jobs[j].rows[r].clone())
+            .map(|&(j, r)| jobs[j].rows[r].clone())
             .collect();
         m.batch(rows.len());
         match e.embed_ids(&rows) {
             Ok(vecs) => {
-                for (&(_, j, r), v) in chunk.iter().zip(vecs) {
+                for (&(j, r), v) in chunk.iter().zip(vecs) {
                     out[j][r] = Some(v);
                 }
             }
             Err(err) => {
-                for &(_, j, _) in chunk {
+                for &(j, _) in &chunk {
                     failed[j] = Some(err.to_string());
                 }
             }
         }
-        i = end;
     }
     for ((job, vecs), fail) in jobs.into_iter().zip(out).zip(failed) {
         let res = match fail {

@@ -34,6 +34,7 @@ const BUSY: &str = "rlx_generation_busy_seconds_total";
 const TOK_S: &str = "rlx_generation_tokens_per_second";
 const REJECTED: &str = "rlx_rejected_total";
 const DISCONNECTS: &str = "rlx_disconnects_total";
+const EMBED_SHAPES: &str = "rlx_embed_shapes_compiled_total";
 
 /// Every metric the server keeps, in its own recorder.
 pub struct Metrics {
@@ -58,6 +59,7 @@ struct Handles {
     tok_s: Gauge,
     rejected: Counter,
     disconnects: Counter,
+    embed_shapes: Gauge,
 }
 
 impl Default for Metrics {
@@ -114,7 +116,12 @@ impl Metrics {
                 DISCONNECTS,
                 "Generations stopped because the client went away."
             );
+            describe_gauge!(
+                EMBED_SHAPES,
+                "Batch shapes (rows x padded length) the embedding model compiled since the start (a new shape costs a compile of a few ms)."
+            );
             Handles {
+                embed_shapes: metrics::gauge!(EMBED_SHAPES),
                 embed_batch: metrics::histogram!(EMBED_BATCH),
                 decode_batch: metrics::histogram!(DECODE_BATCH),
                 embed_queue: metrics::gauge!(QUEUE, "queue" => "embeddings"),
@@ -149,6 +156,11 @@ impl Metrics {
     /// Record one embedding batch of `n` inputs.
     pub fn batch(&self, n: usize) {
         self.h.embed_batch.record(n as f64);
+    }
+
+    /// The embedding model has compiled `n` batch shapes so far.
+    pub fn embed_shapes(&self, n: usize) {
+        self.h.embed_shapes.set(n as f64);
     }
 
     /// Record one batched decode step over `n` sequences.

@@ -922,11 +922,14 @@ fn the_page_is_served_and_the_plans_are_the_libraries() {
     assert_eq!(kinds, ["embeddings", "generation"]);
     assert_eq!(data[0]["model"], "all-minilm-l6-v2");
     assert_eq!(data[1]["model"], "SmolLM2-135M-Instruct.Q4_1");
-    // The embedding plan: one input padded to the 16-token bucket, as the
+    // The embedding plan: one short input, padded as the library pads it
+    // (to at least 8 tokens, a multiple of the 4-token bucket), as the
     // library compiles it.
+    let short = rlx::models::padded_len(1, rlx::models::CPU_SEQ_BUCKET, 512);
+    assert_eq!(short, 8);
     let want = SentenceEmbedder::load(minilm())
         .unwrap()
-        .plan_for(1, 16)
+        .plan_for(1, short)
         .unwrap();
     let got: Vec<PlanFigures> = data[0]["plans"]
         .as_array()
