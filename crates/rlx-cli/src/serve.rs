@@ -43,6 +43,11 @@ pub struct ServeArgs {
     /// Sequences generated at once (slots, each with its own KV cache).
     #[arg(long, default_value_t = 4)]
     max_concurrent: usize,
+    /// Most prompt tokens prefilled per generation round while other
+    /// sequences decode (at least one prompt per round; all waiting
+    /// prompts when none decodes).
+    #[arg(long, default_value_t = 256)]
+    max_prefill_tokens: usize,
     /// Requests that may wait per model; beyond it, 429 with Retry-After.
     #[arg(long, default_value_t = 64)]
     queue: usize,
@@ -101,6 +106,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         max_batch_tokens: a.max_batch_tokens,
         batch_wait: Duration::from_secs_f64(a.batch_wait_ms / 1e3),
         max_concurrent: a.max_concurrent,
+        max_prefill_tokens: a.max_prefill_tokens,
         queue: a.queue,
         timeout: Duration::from_secs(a.timeout),
         ctx: a.ctx,

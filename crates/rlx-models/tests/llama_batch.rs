@@ -348,7 +348,9 @@ fn decode_batch_rejects_bad_input_and_changes_nothing() {
 /// runs it). The configurations take turns step by step (one `decode`, one
 /// batched step of 1, of 4, ...), so a machine shared with other work
 /// slows them alike; each reports its median step time. `RLX_BATCH_STEPS`
-/// sets the timed steps (default 48), `RLX_THREADS` the worker threads;
+/// sets the timed steps (default 48), `RLX_THREADS` the worker threads,
+/// `RLX_CTX` the KV context (default: what the steps need; `rlx serve`
+/// runs 2048, which costs the same: attention reads the filled positions);
 /// `RLX_INT8=1` rounds the quantized matmuls' activations to int8 blocks
 /// (llama.cpp's scheme) instead of f32.
 #[test]
@@ -362,7 +364,11 @@ fn batched_decode_tok_s() {
         .ok()
         .and_then(|s| s.parse().ok());
     let prompt_len = 32;
-    let ctx = prompt_len + 2 + steps;
+    let ctx = std::env::var("RLX_CTX")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0usize)
+        .max(prompt_len + 2 + steps);
     let opts = CpuOptions {
         hybrid: true,
         threads,

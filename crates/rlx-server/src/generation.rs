@@ -2,14 +2,19 @@
 //! the [`LlamaModel`] and serves up to `slots` sequences at once, each with
 //! its own [`KvCache`] and position, kept outside the model.
 //!
-//! Each round the worker admits waiting requests into free slots, runs at
-//! most one prefill (the new sequence's cache is moved into the model for
-//! it with [`LlamaModel::swap_cache`] and back out after), then one
-//! batched decode step ([`LlamaModel::decode_batch`]) for every active
-//! sequence together: one graph execution over `N` rows (in groups of at
-//! most [`MAX_DECODE_BATCH`]), so each weight is streamed once per step for
-//! all of them rather than once per sequence. A new request joins the batch
-//! in the round of its prefill and leaves at EOS, a stop string,
+//! Each round the worker admits waiting requests into free slots, runs the
+//! prefills of new sequences, oldest first, up to a budget of prompt
+//! tokens per round (at least one; every waiting one when no sequence is
+//! decoding, since then no running stream waits on them), each new
+//! sequence's cache moved into the model for its prefill with
+//! [`LlamaModel::swap_cache`] and back out after; then one batched decode
+//! step ([`LlamaModel::decode_batch`]) for every active sequence together:
+//! one graph execution over `N` rows (in groups of at most
+//! [`MAX_DECODE_BATCH`]), so each weight is streamed once per step for all
+//! of them rather than once per sequence. A burst of new requests so gets
+//! its first tokens after a few rounds rather than one round each, while
+//! the running streams still step between the prefills. A new request joins
+//! the batch in the round of its prefill and leaves at EOS, a stop string,
 //! `max_tokens`, its deadline, or when its client goes away (the slot is
 //! free at once).
 //!
@@ -111,20 +116,23 @@ impl GenHandle {
     }
 }
 
-/// Start the worker with `slots` sequences and a queue of `queue` waiting
-/// requests; it ends when every handle is dropped and the slots are done.
+/// Start the worker with `slots` sequences, a queue of `queue` waiting
+/// requests and a budget of `prefill_tokens` prompt tokens prefilled per
+/// round while other sequences decode; it ends when every handle is
+/// dropped and the slots are done.
 pub fn spawn(
     model: LlamaModel,
     tok: Arc<GgufTokenizer>,
     slots: usize,
     queue: usize,
+    prefill_tokens: usize,
     metrics: Arc<Metrics>,
 ) -> (GenHandle, std::thread::JoinHandle<()>) {
     let (tx, rx) = std::sync::mpsc::sync_channel(queue.max(1));
     let m = metrics.clone();
     let join = std::thread::Builder::new()
         .name("rlx-generate".into())
-        .spawn(move || Worker::new(model, &tok, slots.max(1), m).run(rx))
+        .spawn(move || Worker::new(model, &tok, slots.max(1), prefill_tokens, m).run(rx))
         .expect("spawning the generation worker thread");
     (GenHandle { tx, metrics }, join)
 }
@@ -139,6 +147,8 @@ struct Slot<'t> {
     generated: usize,
     /// `None` until prefilled; then the token to feed next.
     next: Option<u32>,
+    /// Admission order (prefills run oldest first).
+    order: u64,
 }
 
 struct Worker<'t> {
@@ -147,6 +157,10 @@ struct Worker<'t> {
     slots: Vec<Option<Slot<'t>>>,
     /// Each slot's cache (kept for the slot's next request once made).
     caches: Vec<Option<KvCache>>,
+    /// Prompt tokens prefilled per round while other sequences decode.
+    prefill_tokens: usize,
+    /// Requests admitted so far.
+    admitted: u64,
     m: Arc<Metrics>,
 }
 
@@ -181,12 +195,20 @@ fn logprobs(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
 }
 
 impl<'t> Worker<'t> {
-    fn new(model: LlamaModel, tok: &'t GgufTokenizer, n: usize, m: Arc<Metrics>) -> Self {
+    fn new(
+        model: LlamaModel,
+        tok: &'t GgufTokenizer,
+        n: usize,
+        prefill_tokens: usize,
+        m: Arc<Metrics>,
+    ) -> Self {
         Worker {
             model,
             tok,
             slots: (0..n).map(|_| None).collect(),
             caches: (0..n).map(|_| None).collect(),
+            prefill_tokens,
+            admitted: 0,
             m,
         }
     }
@@ -229,15 +251,9 @@ impl<'t> Worker<'t> {
             self.m
                 .set_active(self.slots.iter().filter(|s| s.is_some()).count());
             let t = Instant::now();
-            // One prefill per round, then one batched decode step for every
-            // prefilled sequence (the new one included).
-            if let Some(i) = self
-                .slots
-                .iter()
-                .position(|s| matches!(s, Some(s) if s.next.is_none()))
-            {
-                self.prefill(i);
-            }
+            // The round's prefills, then one batched decode step for every
+            // prefilled sequence (the new ones included).
+            self.prefill_round();
             self.decode_round();
             self.m.busy(t.elapsed().as_micros() as u64);
             // Before the next admission, which may block while idle.
@@ -265,8 +281,43 @@ impl<'t> Worker<'t> {
             stop: StopText::new(req.stop.clone()),
             generated: 0,
             next: None,
+            order: self.admitted,
             req,
         });
+        self.admitted += 1;
+    }
+
+    /// Prefill the sequences waiting for it, oldest first: while other
+    /// sequences decode, as many as fit `prefill_tokens` prompt tokens (at
+    /// least one), else all of them.
+    fn prefill_round(&mut self) {
+        let decoding = self
+            .slots
+            .iter()
+            .any(|s| matches!(s, Some(s) if s.next.is_some()));
+        let mut waiting: Vec<(u64, usize, usize)> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                Some(s) if s.next.is_none() => Some((s.order, i, s.req.prompt.len())),
+                _ => None,
+            })
+            .collect();
+        waiting.sort_unstable();
+        let mut used = 0usize;
+        let mut ran = 0usize;
+        for &(_, i, len) in &waiting {
+            if decoding && ran > 0 && used + len > self.prefill_tokens {
+                break;
+            }
+            used += len;
+            ran += 1;
+            self.prefill(i);
+        }
+        if ran > 0 {
+            self.m.prefill_batch(ran);
+        }
     }
 
     /// Whether slot `i` still has a client within its deadline; frees the
@@ -464,5 +515,167 @@ impl<'t> Worker<'t> {
         if let Some(s) = self.slots[i].take() {
             let _ = s.req.events.send(GenEvent::Error { timeout, message });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlx::cpu::CpuOptions;
+    use std::path::PathBuf;
+    use std::time::Duration;
+    use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+    fn smollm2() -> Option<PathBuf> {
+        let dir = std::env::var_os("RLX_MODELS_DIR")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx/models"))
+            })?;
+        let p = dir.join("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+        if p.exists() {
+            Some(p)
+        } else {
+            println!("skipped: SmolLM2 not fetched (run scripts/fetch_models.py smollm2)");
+            None
+        }
+    }
+
+    /// `rlx generate`'s greedy loop alone: prefill, then decode, every id
+    /// the worker would send (the end-of-generation id included).
+    fn solo_ids(m: &mut LlamaModel, tok: &GgufTokenizer, prompt: &[u32], max: usize) -> Vec<u32> {
+        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+        let mut history = prompt.to_vec();
+        let mut logits = m.prefill(prompt).unwrap();
+        let mut out = Vec::new();
+        loop {
+            let id = sampler.sample(&logits, &history).unwrap();
+            out.push(id);
+            if tok.is_end_of_generation(id) || out.len() == max {
+                return out;
+            }
+            history.push(id);
+            logits = m.decode(id).unwrap();
+        }
+    }
+
+    fn request(prompt: Vec<u32>, max: usize) -> (GenRequest, UnboundedReceiver<GenEvent>) {
+        let (tx, rx) = unbounded_channel();
+        let r = GenRequest {
+            prompt,
+            max_tokens: max,
+            sampler: SamplerConfig::greedy(),
+            stop: Vec::new(),
+            logprobs: None,
+            deadline: Instant::now() + Duration::from_secs(300),
+            events: tx,
+        };
+        (r, rx)
+    }
+
+    /// Every id a request got, until its `Done`.
+    fn ids(mut rx: UnboundedReceiver<GenEvent>) -> Vec<u32> {
+        let mut out = Vec::new();
+        loop {
+            match rx.blocking_recv() {
+                Some(GenEvent::Token { id, .. }) => out.push(id),
+                Some(GenEvent::Done { .. }) => return out,
+                Some(GenEvent::Error { message, .. }) => panic!("request failed: {message}"),
+                None => panic!("the worker dropped a request"),
+            }
+        }
+    }
+
+    /// The value of the Prometheus line starting with `name`.
+    fn metric(text: &str, name: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// A burst of requests queued before the worker's first round is
+    /// prefilled in that round (nothing decodes yet), and requests arriving
+    /// while others decode are prefilled several per round within the
+    /// prompt-token budget; every request's greedy ids equal its own
+    /// single-request run (`rlx generate`'s loop), whatever it was
+    /// prefilled and decoded with.
+    #[test]
+    fn several_prefills_per_round_give_each_request_its_solo_greedy_ids() {
+        let Some(path) = smollm2() else {
+            return;
+        };
+        let f = rlx::formats::GgufFile::open(&path).unwrap();
+        let tok = Arc::new(GgufTokenizer::from_gguf(&f).unwrap());
+        drop(f);
+        let opts = CpuOptions {
+            hybrid: true,
+            ..Default::default()
+        };
+        let mut model = LlamaModel::load_with(&path, 256, opts).unwrap();
+        let texts = [
+            "The capital of France is",
+            "Write a haiku about the sea.",
+            "List three prime numbers:",
+            "Once upon a time, in a small village by the mountains, there lived",
+            "def fibonacci(n):",
+            "The three primary colours are",
+            "Q: What is two plus two?\nA:",
+            "A short poem about autumn leaves falling on a quiet street:",
+        ];
+        let max = 10;
+        let prompts: Vec<Vec<u32>> = texts
+            .iter()
+            .map(|t| tok.encode(t, tok.add_bos_default()).unwrap())
+            .collect();
+        let want: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| solo_ids(&mut model, &tok, p, max))
+            .collect();
+        let metrics = Arc::new(Metrics::new());
+        // Budget: the two longest prompts fit one round, three never do.
+        let mut lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+        lens.sort_unstable();
+        let budget = lens[lens.len() - 1] + lens[lens.len() - 2];
+        let (h, join) = spawn(model, tok.clone(), 8, 16, budget, metrics.clone());
+        // Five queued while the worker compiles its batched graphs: its
+        // first round admits and prefills them together.
+        let mut rxs = Vec::new();
+        for p in &prompts[..5] {
+            let (r, rx) = request(p.clone(), max);
+            h.submit(r).unwrap_or_else(|_| panic!("queue full"));
+            rxs.push(rx);
+        }
+        // Three more once the first has its first token (others decode).
+        let mut first = rxs.remove(0);
+        let mut got0 = Vec::new();
+        match first.blocking_recv() {
+            Some(GenEvent::Token { id, .. }) => got0.push(id),
+            e => panic!("expected a token, got {e:?}"),
+        }
+        for p in &prompts[5..] {
+            let (r, rx) = request(p.clone(), max);
+            h.submit(r).unwrap_or_else(|_| panic!("queue full"));
+            rxs.push(rx);
+        }
+        got0.extend(ids(first));
+        let mut got = vec![got0];
+        got.extend(rxs.into_iter().map(ids));
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g, w, "request {i} ({:?})", texts[i]);
+        }
+        drop(h);
+        join.join().unwrap();
+        let m = metrics.render();
+        let rounds = metric(&m, "rlx_prefill_batch_size_count ");
+        let sum = metric(&m, "rlx_prefill_batch_size_sum ");
+        let upto4 = metric(&m, "rlx_prefill_batch_size_bucket{le=\"4\"} ");
+        assert_eq!(sum, 8.0, "every prompt prefilled once\n{m}");
+        // The burst: one round of five. The three late ones: the budget
+        // takes at most two per round while others decode.
+        assert!(upto4 < rounds, "no round prefilled the burst together\n{m}");
+        assert!(rounds >= 3.0, "the late prompts ignored the budget\n{m}");
     }
 }

@@ -70,6 +70,10 @@ pub struct ServerConfig {
     /// Sequences generated at once (generation slots, each with its own
     /// KV cache).
     pub max_concurrent: usize,
+    /// Most prompt tokens prefilled per generation round while other
+    /// sequences decode (at least one prompt per round; every waiting
+    /// prompt when none decodes).
+    pub max_prefill_tokens: usize,
     /// Requests that may wait per model; beyond it, 429.
     pub queue: usize,
     /// Per-request timeout.
@@ -96,6 +100,7 @@ impl Default for ServerConfig {
             max_batch_tokens: 8192,
             batch_wait: Duration::from_millis(5),
             max_concurrent: 4,
+            max_prefill_tokens: 256,
             queue: 64,
             timeout: Duration::from_secs(120),
             ctx: 2048,
@@ -280,6 +285,7 @@ fn load_llm(
         tok.clone(),
         cfg.max_concurrent,
         cfg.queue,
+        cfg.max_prefill_tokens,
         metrics.clone(),
     );
     // Warm up: two greedy tokens through the scheduler.
@@ -344,6 +350,7 @@ impl Server {
         };
         check("--max-batch-tokens", cfg.max_batch_tokens)?;
         check("--max-concurrent", cfg.max_concurrent)?;
+        check("--max-prefill-tokens", cfg.max_prefill_tokens)?;
         check("--queue", cfg.queue)?;
         check("--ctx", cfg.ctx)?;
         if cfg.timeout.is_zero() {

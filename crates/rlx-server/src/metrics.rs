@@ -19,13 +19,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 const LATENCY_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
-/// Batch-size buckets (inputs per embedding batch, sequences per decode step).
+/// Batch-size buckets (inputs per embedding batch, sequences per decode
+/// step, prompts prefilled per generation round).
 const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 
 const REQUESTS: &str = "rlx_requests_total";
 const LATENCY: &str = "rlx_request_duration_seconds";
 const EMBED_BATCH: &str = "rlx_embed_batch_size";
 const DECODE_BATCH: &str = "rlx_decode_batch_size";
+const PREFILL_BATCH: &str = "rlx_prefill_batch_size";
 const QUEUE: &str = "rlx_queue_depth";
 const ACTIVE: &str = "rlx_generation_active_slots";
 const TOKENS_IN: &str = "rlx_tokens_in_total";
@@ -50,6 +52,7 @@ pub struct Metrics {
 struct Handles {
     embed_batch: Histogram,
     decode_batch: Histogram,
+    prefill_batch: Histogram,
     embed_queue: Gauge,
     gen_queue: Gauge,
     gen_active: Gauge,
@@ -78,6 +81,9 @@ impl Metrics {
             })
             .and_then(|b| {
                 b.set_buckets_for_metric(Matcher::Full(DECODE_BATCH.into()), &BATCH_BUCKETS)
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(Matcher::Full(PREFILL_BATCH.into()), &BATCH_BUCKETS)
             });
         // The bucket lists are non-empty constants: this cannot fail, but
         // falls back to summaries rather than panic.
@@ -97,6 +103,10 @@ impl Metrics {
             describe_histogram!(
                 DECODE_BATCH,
                 "Sequences per batched decode step of generation."
+            );
+            describe_histogram!(
+                PREFILL_BATCH,
+                "Prompts prefilled in one round of generation (before its decode step)."
             );
             describe_gauge!(QUEUE, "Requests waiting.");
             describe_gauge!(ACTIVE, "Sequences being generated.");
@@ -124,6 +134,7 @@ impl Metrics {
                 embed_shapes: metrics::gauge!(EMBED_SHAPES),
                 embed_batch: metrics::histogram!(EMBED_BATCH),
                 decode_batch: metrics::histogram!(DECODE_BATCH),
+                prefill_batch: metrics::histogram!(PREFILL_BATCH),
                 embed_queue: metrics::gauge!(QUEUE, "queue" => "embeddings"),
                 gen_queue: metrics::gauge!(QUEUE, "queue" => "generation"),
                 gen_active: metrics::gauge!(ACTIVE),
@@ -166,6 +177,11 @@ impl Metrics {
     /// Record one batched decode step over `n` sequences.
     pub fn decode_batch(&self, n: usize) {
         self.h.decode_batch.record(n as f64);
+    }
+
+    /// Record one generation round that prefilled `n` prompts.
+    pub fn prefill_batch(&self, n: usize) {
+        self.h.prefill_batch.record(n as f64);
     }
 
     /// `n` more (or, negative, fewer) embedding requests waiting.

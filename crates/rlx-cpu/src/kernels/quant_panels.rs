@@ -1303,6 +1303,7 @@ mod tests {
                 (3, 50, 96),
                 (8, 16, 64),
                 (13, 33, 160),
+                (16, 40, 96),
             ] {
                 let w = random_w(scheme, n, k, &mut rng);
                 let x: Vec<f32> = (0..m * k).map(|_| rng.f() * 2.0).collect();

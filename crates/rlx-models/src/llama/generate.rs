@@ -36,9 +36,9 @@ pub enum LlamaDevice {
 #[allow(clippy::large_enum_variant)]
 enum Engine {
     Cpu {
-        opts: CpuOptions,
         decode: CpuModel,
-        /// The last compiled prefill (or extend) model and its phase.
+        /// The last compiled prefill (or extend) model and its phase,
+        /// sharing the decode model's params and packed weights.
         prefill: Option<(Phase, CpuModel)>,
         /// Whether the caches currently live in the decode model (else in
         /// the prefill model).
@@ -178,7 +178,6 @@ impl LlamaModel {
                 bind_weights(&mut decode, &weights)?;
                 zero_caches(&mut decode)?;
                 Engine::Cpu {
-                    opts,
                     decode,
                     prefill: None,
                     caches_in_decode: true,
@@ -369,9 +368,15 @@ impl LlamaModel {
         self.move_caches(true)?;
         let g = build_graph(&self.weights, phase, self.ctx_len)?;
         match &mut self.engine {
-            Engine::Cpu { opts, prefill, .. } => {
-                let mut m = CpuModel::compile(g, opts)?;
-                bind_weights(&mut m, &self.weights)?;
+            Engine::Cpu {
+                decode, prefill, ..
+            } => {
+                // Drop the old model first (its arena is freed), then share
+                // the decode model's params and packed weights (the decode
+                // model holds every param: the caches are home), so a new
+                // prompt length costs a plan, not a repack of the weights.
+                *prefill = None;
+                let m = decode.compile_sharing(g)?;
                 *prefill = Some((phase, m));
             }
             #[cfg(feature = "cuda")]
