@@ -353,6 +353,7 @@ fn gemm_tiled_with(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::super::quant_rows::x86::scale_min;
     use std::arch::x86_64::*;
 
     /// Bytes ahead of the current block that the dot kernels prefetch.
@@ -534,18 +535,11 @@ mod x86 {
         hsum(_mm256_add_ps(acc0, acc1))
     }
 
-    /// The 6-bit scale and min of sub-block `j` of a Q4_K / Q5_K
-    /// super-block (`sc`: its 12 scale bytes).
+    /// [`scale_min`] as f32.
     #[inline]
     unsafe fn k_scale_min(sc: *const u8, j: usize) -> (f32, f32) {
-        let (s, m) = if j < 4 {
-            (*sc.add(j) & 63, *sc.add(j + 4) & 63)
-        } else {
-            (
-                (*sc.add(j + 4) & 0x0F) | ((*sc.add(j - 4) >> 6) << 4),
-                (*sc.add(j + 4) >> 4) | ((*sc.add(j) >> 6) << 4),
-            )
-        };
+        // SAFETY: the caller passes a super-block's 12 scale bytes and j < 8.
+        let (s, m) = unsafe { scale_min(sc, j) };
         (s as f32, m as f32)
     }
 

@@ -39,7 +39,7 @@ pub fn dequant_rows(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use rlx_formats::GgmlType;
     use std::arch::x86_64::*;
 
@@ -185,8 +185,11 @@ mod x86 {
 
     /// The 6-bit scale and min of sub-block `j` of a Q4_K / Q5_K
     /// super-block (`sc`: its 12 scale bytes).
+    ///
+    /// # Safety
+    /// `sc` must point to 12 readable bytes and `j < 8`.
     #[inline]
-    unsafe fn scale_min(sc: *const u8, j: usize) -> (u8, u8) {
+    pub(crate) unsafe fn scale_min(sc: *const u8, j: usize) -> (u8, u8) {
         if j < 4 {
             (*sc.add(j) & 63, *sc.add(j + 4) & 63)
         } else {
