@@ -373,8 +373,11 @@ __global__ void swiglu(float* out, const float* g, const float* u, long long row
     }
 }
 
-// x [B, S, H*hd]; pos [S] (pos_b = 0) or [B, S]; one thread per (row, head, dim).
-__global__ void rope_f32(float* out, const float* x, const void* pos, int batch, int seq, int heads,
+// x [B, S, H*hd]; pos [S] (pos_b = 0) or [B, S]; div: null, or [n_rot / 2]
+// divisors of each pair's angle (Llama 3 rope scaling). One thread per
+// (row, head, dim).
+__global__ void rope_f32(float* out, const float* x, const void* pos, const float* div,
+                         int batch, int seq, int heads,
                          int hd, int n_rot, float theta, int gptj, int pos64, int pos_b) {
     long long n = (long long)batch * seq * heads * hd;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -392,6 +395,7 @@ __global__ void rope_f32(float* out, const float* x, const void* pos, int batch,
         if (gptj) { pair = d / 2; first = (d % 2 == 0); }
         else { pair = d < half ? d : d - half; first = d < half; }
         double ang = p * pow((double)theta, -2.0 * (double)pair / (double)n_rot);
+        if (div) ang /= (double)div[pair];
         float cs = (float)cos(ang), sn = (float)sin(ang);
         float a, bb;
         if (gptj) { a = x[base + 2 * pair]; bb = x[base + 2 * pair + 1]; }

@@ -99,12 +99,6 @@ pub(super) fn rope<A: Addr>(cx: &mut Cx<'_, A>) -> Result<Vec<Launch>, String> {
     else {
         return Err(wrong_op(node));
     };
-    if node.inputs.len() > 2 {
-        return Err(format!(
-            "Rope with frequency divisors (a third input; Llama 3 rope scaling) is not implemented on CUDA (node {:?})",
-            node.id
-        ));
-    }
     let out_shape = &node.shape;
     let n = out_shape.numel();
     cx.f32_in(0)?;
@@ -129,6 +123,20 @@ pub(super) fn rope<A: Addr>(cx: &mut Cx<'_, A>) -> Result<Vec<Launch>, String> {
     } else {
         return Err(format!("positions {pos}: expected [{s}] or [{b}, {s}]"));
     };
+    // Llama 3 rope scaling: a third input divides each pair's frequency.
+    let divisors = if node.inputs.len() > 2 {
+        cx.f32_in(2)?;
+        let f = cx.shape(2);
+        if f.dims != [n_rot / 2] {
+            return Err(format!(
+                "frequency divisors {f}: expected [{}] (n_rot / 2)",
+                n_rot / 2
+            ));
+        }
+        cx.input(2)?
+    } else {
+        0
+    };
     if n == 0 {
         return Ok(vec![]);
     }
@@ -139,6 +147,7 @@ pub(super) fn rope<A: Addr>(cx: &mut Cx<'_, A>) -> Result<Vec<Launch>, String> {
             Arg::P(cx.out()?),
             Arg::P(cx.input(0)?),
             Arg::P(cx.input(1)?),
+            Arg::P(divisors),
             Arg::I(int(b, "batch")?),
             Arg::I(int(s, "seq")?),
             Arg::I(int(x.dims[2] / head_dim, "heads")?),
