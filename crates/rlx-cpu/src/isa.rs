@@ -32,9 +32,19 @@
 //! the whole K while A tiles stream from the rounded activations (see
 //! `kernels::packed_gemm`). Rows past the last whole 16 and a partial last
 //! panel use `vdpbf16ps`. [`amx_bf16_active`] says whether tiles run;
-//! `RLX_CPU_AMX=0` turns them off for A/B runs. AMX-INT8 is reported, not
-//! used: the int8 paths are the quantized GGUF matmuls, whose decode is
-//! bound by memory, not by the dot products.
+//! `RLX_CPU_AMX=0` turns them off for A/B runs.
+//!
+//! ## AMX (int8 products)
+//! With `Int8` activations, quantized Q4_0/Q4_1/Q8_0 weights repacked in
+//! 16-row panels (`kernels::quant_panels`) are already laid out as the B
+//! operand of `tdpbssd`/`tdpbusd`: one panel block of 32 elements is 8
+//! rows of 16 x 4 bytes. Prefill (16 or more activation rows) multiplies
+//! one block per tile instruction (16 activation rows x 32 bytes by 32 x
+//! 16 weights), stores the 16 x 16 exact integer sums and scales them in
+//! AVX-512 registers with the same f32 operations as the VNNI kernel, so
+//! the outputs are bit for bit those of `vpdpbusd` ([`amx_int8_active`]).
+//! Decode (one row) stays on VNNI: it is bound by memory, not by the dot
+//! products.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -287,6 +297,47 @@ fn os_enables_tiles() -> bool {
 #[target_feature(enable = "xsave")]
 unsafe fn xgetbv0() -> u64 {
     std::arch::x86_64::_xgetbv(0)
+}
+
+/// Whether Linux granted this process the AMX tile data
+/// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, asked once; the
+/// bf16 and the int8 tile kernels share the answer).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub(crate) fn tile_data_granted() -> bool {
+    static GRANTED: OnceLock<bool> = OnceLock::new();
+    *GRANTED.get_or_init(|| {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: a plain syscall with integer arguments; on success the
+        // kernel lets this process's threads use tile data.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            )
+        };
+        rc == 0
+    })
+}
+
+/// Whether `RLX_CPU_AMX=0` turned the tile kernels off (A/B runs).
+pub(crate) fn amx_disabled() -> bool {
+    std::env::var("RLX_CPU_AMX").is_ok_and(|v| v.trim() == "0")
+}
+
+/// Whether the `Int8`-activation products of quantized weights in panels
+/// (`kernels::quant_panels`, Q4_0/Q4_1/Q8_0, 16 or more activation rows:
+/// prefill) run on AMX-INT8 tiles here: the CPU and OS have them, the
+/// AVX-512 kernels with VNNI are active, Linux granted the tile data and
+/// `RLX_CPU_AMX` is not `0`.
+pub fn amx_int8_active() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if Isa::active() == Isa::Avx512 {
+        let f = CpuFeatures::get();
+        return f.amx_int8 && f.avx512vnni && !amx_disabled() && tile_data_granted();
+    }
+    false
 }
 
 /// Whether the bf16 matmuls run on AMX tiles in this process (see the

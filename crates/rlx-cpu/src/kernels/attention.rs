@@ -319,6 +319,14 @@ fn visible_keys<'a>(
 /// so that the bits never depend on the thread count.
 const QUERY_CHUNK: usize = 32;
 
+/// Fewest multiply-adds (`heads x keys x head_dim x 2`) for which a decode
+/// step's attention splits its keys over the threads. A fork-join of the
+/// pool costs several microseconds, about as long as one thread takes for
+/// half a million multiply-adds here: SmolLM2's decode attention (9 heads
+/// of 64, 64-192 keys) measured 16-19 us per layer split over 2 threads of
+/// the 16-core Xeon, for ~0.1 M multiply-adds.
+const ONE_QUERY_PAR_MIN: usize = 1 << 19;
+
 simd_dispatch! {
     /// Keys `j0..j0 + n` (`n <= QUERY_CHUNK`) of the single query row of
     /// batch 0, every head: per head the chunk's scores (scale, softcap,
@@ -417,7 +425,7 @@ fn attention_one_query(
             one_query_chunk(p, q, k, v, &mask, j0, n, part);
         };
         let work = hq * nk * d * 2;
-        if parallel && chunks > 1 && num_threads() > 1 && work >= PAR_MIN_ELEMS {
+        if parallel && chunks > 1 && num_threads() > 1 && work >= ONE_QUERY_PAR_MIN {
             use rayon::prelude::*;
             parts.par_chunks_mut(slot).enumerate().for_each(run);
         } else {

@@ -1449,25 +1449,11 @@ mod amx {
     pub fn usable() -> bool {
         static USABLE: OnceLock<bool> = OnceLock::new();
         *USABLE.get_or_init(|| {
-            if std::env::var("RLX_CPU_AMX").is_ok_and(|v| v == "0") {
+            if crate::isa::amx_disabled() {
                 return false;
             }
             let f = crate::isa::CpuFeatures::get();
-            if !(f.amx_bf16 && f.avx512bf16) {
-                return false;
-            }
-            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-            const XFEATURE_XTILEDATA: libc::c_long = 18;
-            // SAFETY: a plain syscall with integer arguments; on success
-            // the kernel lets this process's threads use tile data.
-            let rc = unsafe {
-                libc::syscall(
-                    libc::SYS_arch_prctl,
-                    ARCH_REQ_XCOMP_PERM,
-                    XFEATURE_XTILEDATA,
-                )
-            };
-            rc == 0
+            f.amx_bf16 && f.avx512bf16 && crate::isa::tile_data_granted()
         })
     }
 

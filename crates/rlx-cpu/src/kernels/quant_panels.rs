@@ -49,6 +49,9 @@
 //! the same exact integers as above, so all paths agree bit for bit.
 
 use super::quant_q8::{quantize_rows, QK};
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod amx;
 use super::{bad_shape, num_threads, KernelError};
 use crate::isa::{CpuFeatures, Isa};
 use rayon::prelude::*;
@@ -118,6 +121,10 @@ pub enum PanelPath {
     Scalar,
     /// AVX-512 F/BW + VNNI on 512-bit registers.
     Vnni512,
+    /// [`PanelPath::Vnni512`], with the `Int8` products of 16 or more
+    /// activation rows on AMX-INT8 tiles (bit for bit the same outputs;
+    /// see [`crate::isa::amx_int8_active`]).
+    Amx,
     /// AVX2 + FMA + F16C on 256-bit registers: each record line's two
     /// halves (rows 0-7, 8-15) in two passes over the panel (the second
     /// from L1/L2); int8 products by `vpmaddubsw`.
@@ -128,6 +135,7 @@ impl PanelPath {
     /// The fastest path this CPU runs under the active [`Isa`].
     pub fn active() -> PanelPath {
         match Isa::active() {
+            Isa::Avx512 if crate::isa::amx_int8_active() => PanelPath::Amx,
             Isa::Avx512 if CpuFeatures::get().avx512vnni => PanelPath::Vnni512,
             Isa::Avx512 | Isa::Avx2 => PanelPath::Avx2,
             Isa::Portable => PanelPath::Scalar,
@@ -142,6 +150,9 @@ impl PanelPath {
         }
         if Isa::Avx512.supported() && CpuFeatures::get().avx512vnni {
             v.push(PanelPath::Vnni512);
+        }
+        if crate::isa::amx_int8_active() {
+            v.push(PanelPath::Amx);
         }
         v
     }
@@ -351,7 +362,11 @@ impl QuantPanels {
                 // The AVX2 kernel multiplies |w| by sign(w) x; the others
                 // take x + 128 for Q8_0 weights.
                 let shift = self.kind == Kind::Q8_0 && path != PanelPath::Avx2;
-                Acts::Int8(Int8Acts::new(x, m, self.k, shift))
+                let mut acts = Int8Acts::new(x, m, self.k, shift);
+                if path == PanelPath::Amx {
+                    acts.tile_rows(self.k);
+                }
+                Acts::Int8(acts)
             }
             ActivationPrecision::F32 => Acts::F32 {
                 m,
@@ -402,7 +417,9 @@ impl QuantPanels {
         // panel halves are two chains already, and where four measured
         // slower on Zen 3 (the widening, not the latency, bounds it).
         #[cfg(target_arch = "x86_64")]
-        if path == PanelPath::Vnni512 && matches!(acts, Acts::F32 { m: 1, .. }) {
+        let vnni = matches!(path, PanelPath::Vnni512 | PanelPath::Amx);
+        #[cfg(target_arch = "x86_64")]
+        if vnni && matches!(acts, Acts::F32 { m: 1, .. }) {
             let full = (self.n / PANEL).min(p1);
             while p + vnni::ROW_PANELS <= full {
                 // SAFETY: as for `vnni::panel` below, for the full panels
@@ -411,13 +428,39 @@ impl QuantPanels {
                 p += vnni::ROW_PANELS;
             }
         }
+        // Prefill with Int8 activations: whole groups of 16 rows on tiles,
+        // the rest on VNNI.
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        if let (PanelPath::Amx, Acts::Int8(i)) = (path, acts) {
+            let m16 = i.m / 16 * 16;
+            if m16 > 0 {
+                let mut scratch = amx::Scratch::default();
+                // SAFETY: `Amx` is used only when `amx_int8_active()` (see
+                // `matmul_path`), which includes AVX-512 F/BW and VNNI; the
+                // tiles are configured on this thread before the panels and
+                // released after them; reads and writes as for
+                // `vnni::panel` below (rows `0..m16` by tiles, `m16..` by
+                // VNNI).
+                unsafe {
+                    amx::configure();
+                    for p in p..p1 {
+                        amx::panel(self, acts, p, out.0, m16, &mut scratch);
+                        vnni::panel(self, acts, p, out.0, m16);
+                    }
+                    amx::release();
+                }
+                return;
+            }
+        }
         for p in p..p1 {
             match path {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Vnni512` is used only when the CPU has it (see
-                // `matmul_path`); the kernel's reads are within this
-                // panel's lines and `acts`, its writes as above.
-                PanelPath::Vnni512 => unsafe { vnni::panel(self, acts, p, out.0) },
+                // SAFETY: `Vnni512` and `Amx` are used only when the CPU has
+                // AVX-512 VNNI (see `matmul_path`); the kernel's reads are
+                // within this panel's lines and `acts`, its writes as above.
+                PanelPath::Vnni512 | PanelPath::Amx => unsafe {
+                    vnni::panel(self, acts, p, out.0, 0)
+                },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `Avx2` is used only when the CPU has AVX2, FMA
                 // and F16C (see `matmul_path`); reads and writes as above.
@@ -560,9 +603,25 @@ struct Int8Acts {
     d: Vec<f32>,
     s: Vec<f32>,
     sum: Vec<i32>,
+    /// For the AMX path: the first `m / 16 * 16` rows of `q` as tiles,
+    /// `[m / 16][k / 32]` blocks of 16 rows x 32 bytes (one tile load each
+    /// reads 8 consecutive cache lines); empty otherwise.
+    tiles: Vec<i8>,
 }
 
 impl Int8Acts {
+    /// Fills [`Int8Acts::tiles`] (rows of `k` bytes).
+    fn tile_rows(&mut self, k: usize) {
+        let (groups, nb) = (self.m / 16, k / QK);
+        self.tiles.resize(groups * nb * 16 * QK, 0);
+        for (t, tile) in self.tiles.chunks_exact_mut(16 * QK).enumerate() {
+            let (g, b) = (t / nb, t % nb);
+            for (r, dst) in tile.chunks_exact_mut(QK).enumerate() {
+                dst.copy_from_slice(&self.q[(16 * g + r) * k + b * QK..][..QK]);
+            }
+        }
+    }
+
     fn new(x: &[f32], m: usize, k: usize, shift: bool) -> Int8Acts {
         let r = quantize_rows(x, m, k, super::quant_q8::has_avx2());
         let sum =
@@ -582,6 +641,7 @@ impl Int8Acts {
             d: r.d,
             s: r.s,
             sum,
+            tiles: Vec::new(),
         }
     }
 }
@@ -595,6 +655,8 @@ struct Args {
     per: usize,
     /// Int8: the rounded activations.
     q: *const i8,
+    /// Int8 on AMX: [`Int8Acts::tiles`].
+    tiles: *const i8,
     /// F32: the activations.
     x: *const f32,
     d: *const f32,
@@ -625,6 +687,7 @@ impl Args {
             nb: w.nb,
             per: w.kind.lines() * 64,
             q: std::ptr::null(),
+            tiles: std::ptr::null(),
             x: std::ptr::null(),
             d: std::ptr::null(),
             s: std::ptr::null(),
@@ -636,6 +699,7 @@ impl Args {
         let m = match acts {
             Acts::Int8(i) => {
                 (a.q, a.d, a.s, a.sum) = (i.q.as_ptr(), i.d.as_ptr(), i.s.as_ptr(), i.sum.as_ptr());
+                a.tiles = i.tiles.as_ptr();
                 i.m
             }
             Acts::F32 { m, x, sums } => {
@@ -654,16 +718,16 @@ mod vnni {
     use super::{Acts, Args, Kind, QuantPanels, PANEL, Q4_0, Q4_1, Q8_0, QK};
     use std::arch::x86_64::*;
 
-    /// Panel `p` against every activation row of `acts`, 8, 4, 2 or 1 rows
-    /// at a time.
+    /// Panel `p` against activation rows `c0..` of `acts`, 8, 4, 2 or 1
+    /// rows at a time.
     ///
     /// # Safety
     /// AVX-512 F/BW and VNNI; `out` holds `acts.m * w.n` floats.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub(super) unsafe fn panel(w: &QuantPanels, acts: &Acts, p: usize, out: *mut f32) {
+    pub(super) unsafe fn panel(w: &QuantPanels, acts: &Acts, p: usize, out: *mut f32, c0: usize) {
         let (a, m) = Args::new(w, acts, p, out);
         let f32_acts = matches!(acts, Acts::F32 { .. });
-        let mut c = 0;
+        let mut c = c0;
         macro_rules! tiles {
             ($tile:ident, $code:expr) => {{
                 while c + 8 <= m {
@@ -1304,6 +1368,8 @@ mod tests {
                 (8, 16, 64),
                 (13, 33, 160),
                 (16, 40, 96),
+                (37, 50, 160),
+                (48, 33, 64),
             ] {
                 let w = random_w(scheme, n, k, &mut rng);
                 let x: Vec<f32> = (0..m * k).map(|_| rng.f() * 2.0).collect();
