@@ -21,7 +21,8 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 
 FAMILIES = {
     **{n: (lambda f: lambda: f(ROOT))(getattr(embed, n))
-       for n in ("bert_cls", "bert_mean", "bert_max", "gte", "bert_last", "xlmr", "reranker", "mpnet")},
+       for n in ("bert_cls", "bert_mean", "bert_max", "gte", "bert_last", "xlmr", "reranker", "mpnet",
+                 "modernbert", "modernbert_bias")},
     "mpnet-real": lambda: embed.mpnet_real(ROOT),
     **llm.FAMILIES,
     **llm.REAL,

@@ -177,10 +177,11 @@ def sentence_transformer_family(
     prompts=None,
     default_prompt_name=None,
     note="",
+    randomize_fn=randomize,
 ):
     torch.manual_seed(SEED)
     out = out_dir(root, name)
-    model = randomize(model_cls(config), SEED).eval()
+    model = randomize_fn(model_cls(config), SEED).eval()
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -477,3 +478,161 @@ def mpnet_real(root):
         },
     )
     print(f"  mpnet_reference.json: {len(cases)} cases")
+
+
+def bytelevel_bpe_tokenizer(vocab_size=512):
+    """A small byte-level BPE tokenizer trained on CORPUS in ModernBERT's
+    layout (answerdotai/ModernBERT-base's tokenizer.json: no normalizer, a
+    ByteLevel pre-tokenizer without a prefix space, `[CLS] $A [SEP]`)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    special = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special,
+        min_frequency=1,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS * 3, trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    tok.decoder = decoders.ByteLevel()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        mask_token="[MASK]",
+        model_input_names=["input_ids", "attention_mask"],
+    )
+
+
+def randomize_modernbert(model, seed):
+    """Spread ModernBERT's weights as `randomize` spreads BERT's: N(0, 0.5)
+    token embeddings, LayerNorm gammas 1 + N(0, 0.1) and betas N(0, 0.1),
+    N(0, 0.15) matrices and biases."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if "norm.weight" in name:
+                p.copy_(1.0 + 0.1 * noise)
+            elif "norm.bias" in name:
+                p.copy_(0.1 * noise)
+            elif "tok_embeddings" in name:
+                p.copy_(0.5 * noise)
+            else:
+                p.copy_(0.15 * noise)
+    return model
+
+
+def modernbert_family(root, name, config, tok, legacy_config, **kw):
+    """sentence_transformer_family for a ModernBertModel. `legacy_config`
+    rewrites the saved config.json in the form the Hub's ModernBERT configs
+    have (global_attn_every_n_layers, global_rope_theta, local_rope_theta;
+    no layer_types or rope_parameters) before the reference is computed from
+    it, so that form is what the reference checks."""
+    sentence_transformer_family(
+        root, name, config, tok, transformers.ModernBertModel, randomize_fn=randomize_modernbert, **kw
+    )
+    if legacy_config:
+        out = os.path.join(root, *DATA, name)
+        path = os.path.join(out, "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        every = cfg.get("global_attn_every_n_layers", 3)
+        want = ["sliding_attention" if i % every else "full_attention" for i in range(cfg["num_hidden_layers"])]
+        assert cfg.pop("layer_types") == want, "layer_types disagree with global_attn_every_n_layers"
+        rope = cfg.pop("rope_parameters")
+        cfg["global_rope_theta"] = rope["full_attention"]["rope_theta"]
+        cfg["local_rope_theta"] = rope["sliding_attention"]["rope_theta"]
+        write_json(path, cfg)
+        # The reference must be what the rewritten directory gives.
+        ref_path = os.path.join(out, "reference.json")
+        with open(ref_path) as f:
+            ref = json.load(f)
+        st = SentenceTransformer(out, device="cpu")
+        model_cfg = st[0].auto_model.config
+        assert model_cfg.layer_types == want, model_cfg.layer_types
+        for case in ref["cases"]:
+            emb = st.encode([case["text"]], prompt_name=case["prompt_name"], convert_to_numpy=True)[0]
+            diff = float(np.abs(emb - np.asarray(case["embedding"], dtype=np.float32)).max())
+            assert diff <= 1e-6, (case["text"], diff)
+        print(f"  {path}: rewritten in the legacy form, reference unchanged")
+
+
+def modernbert(root):
+    """modernbert-embed-like: ModernBertModel (rotary, global layers every
+    3rd, local layers with a +-4 token window, GeGLU with exact GELU, no
+    biases), byte-level BPE tokenizer, mean pooling, Normalize,
+    search_query:/search_document: prompts. The window (local_attention 8)
+    is far shorter than most inputs, and the config.json is in the Hub's
+    legacy form."""
+    tok = bytelevel_bpe_tokenizer()
+    config = transformers.ModernBertConfig(
+        vocab_size=len(tok),
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        hidden_activation="gelu",
+        max_position_embeddings=64,
+        norm_eps=1e-5,
+        local_attention=8,
+        global_attn_every_n_layers=3,
+        global_rope_theta=160000.0,
+        local_rope_theta=10000.0,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.cls_token_id,
+        cls_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+        sep_token_id=tok.sep_token_id,
+    )
+    modernbert_family(
+        root, "modernbert", config, tok, legacy_config=True,
+        pooling_mode="mean", normalize=True, max_seq_length=32,
+        prompts={"query": "search_query: ", "document": "search_document: "},
+        note="modernbert-embed-like: ModernBertModel (rotary, local_attention 8, global every 3rd layer, "
+        "GeGLU gelu, no biases), byte-level BPE, mean pooling, Normalize, legacy config.json form",
+    )
+
+
+def modernbert_bias(root):
+    """ModernBertModel with every bias flag set (attention_bias, mlp_bias,
+    norm_bias), a SiLU gate (hidden_activation silu), global layers every
+    2nd, a +-8 token window, CLS pooling without Normalize; config.json as
+    transformers 5 saves it (layer_types, rope_parameters)."""
+    tok = bytelevel_bpe_tokenizer()
+    config = transformers.ModernBertConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        hidden_activation="silu",
+        max_position_embeddings=40,
+        norm_eps=1e-6,
+        norm_bias=True,
+        attention_bias=True,
+        mlp_bias=True,
+        local_attention=16,
+        global_attn_every_n_layers=2,
+        global_rope_theta=50000.0,
+        local_rope_theta=1000.0,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.cls_token_id,
+        cls_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+        sep_token_id=tok.sep_token_id,
+    )
+    modernbert_family(
+        root, "modernbert_bias", config, tok, legacy_config=False,
+        pooling_mode="cls", normalize=False, max_seq_length=24,
+        note="ModernBertModel with attention/mlp/norm biases, silu gate, local_attention 16, global every "
+        "2nd layer, byte-level BPE, CLS pooling, no Normalize",
+    )

@@ -24,9 +24,9 @@ pub struct EmbedArgs {
     /// written batch by batch; lines over 64 KiB are truncated).
     #[arg(long)]
     file: Option<PathBuf>,
-    /// A sentence-transformers directory (BERT, XLM-RoBERTa or MPNet), or
-    /// `minilm` / `mpnet` (all-MiniLM-L6-v2 / all-mpnet-base-v2, fetched
-    /// if missing; default `minilm`).
+    /// A sentence-transformers directory (BERT, XLM-RoBERTa, MPNet or
+    /// ModernBERT), or `minilm` / `mpnet` (all-MiniLM-L6-v2 /
+    /// all-mpnet-base-v2, fetched if missing; default `minilm`).
     #[arg(long)]
     model: Option<PathBuf>,
     /// Texts per forward pass (1 to 1024).

@@ -5,6 +5,7 @@
 //! names (without a `bert.` prefix). Linear weights are bound transposed,
 //! as `[in, out]`, so that `MatMul(x, W)` computes `x W^T` of PyTorch.
 
+use crate::modernbert::ModernBertConfig;
 use crate::validate::{layers_in_names, positive_finite, ConfigError, MAX_LAYERS};
 use crate::ModelError;
 use rlx_ir::{
@@ -58,6 +59,14 @@ pub struct BertConfig {
     /// 0 for the other families.
     #[serde(default)]
     pub relative_attention_num_buckets: usize,
+    /// ModernBERT's own settings (`model_type` `modernbert`: rotary
+    /// positions, local and global layers, a gated MLP; see
+    /// [`crate::modernbert`]); `None` for the other families. For
+    /// ModernBERT, `hidden_act` holds `hidden_activation`,
+    /// `layer_norm_eps` holds `norm_eps`, and `type_vocab_size` is 0 (no
+    /// token types).
+    #[serde(skip)]
+    pub modernbert: Option<ModernBertConfig>,
 }
 
 /// MPNet's largest relative distance with its own bucket range
@@ -91,6 +100,24 @@ impl BertConfig {
             model_type: "bert".into(),
             position_offset: 0,
             relative_attention_num_buckets: 0,
+            modernbert: None,
+        }
+    }
+
+    /// Whether this is a ModernBERT config ([`BertConfig::modernbert`] is
+    /// set, as [`BertConfig::from_json`] sets it for `model_type`
+    /// `modernbert`; see [`crate::modernbert`]).
+    pub fn is_modernbert(&self) -> bool {
+        self.modernbert.is_some()
+    }
+
+    /// The config key of the FFN activation: `hidden_activation` for
+    /// ModernBERT, `hidden_act` for the others.
+    pub fn activation_key(&self) -> &'static str {
+        if self.is_modernbert() {
+            "hidden_activation"
+        } else {
+            "hidden_act"
         }
     }
 
@@ -145,11 +172,26 @@ impl BertConfig {
                     .ok_or_else(|| ConfigError::new(file, key, x, "a positive integer")),
             }
         };
-        let layer_norm_eps = match get("layer_norm_eps") {
-            None => eps(),
-            Some(x) => x.as_f64().ok_or_else(|| {
-                ConfigError::new(file, "layer_norm_eps", x, "a positive finite number")
-            })? as f32,
+        let model_type = match get("model_type") {
+            None => String::new(),
+            Some(x) => x
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| ConfigError::new(file, "model_type", x, "a string"))?,
+        };
+        let modern = model_type == "modernbert";
+        // ModernBERT names these two differently, with other defaults.
+        let (eps_key, eps_default, act_key) = if modern {
+            ("norm_eps", 1e-5, "hidden_activation")
+        } else {
+            ("layer_norm_eps", eps(), "hidden_act")
+        };
+        let layer_norm_eps = match get(eps_key) {
+            None => eps_default,
+            Some(x) => x
+                .as_f64()
+                .ok_or_else(|| ConfigError::new(file, eps_key, x, "a positive finite number"))?
+                as f32,
         };
         let string = |key: &str, default: String| -> Result<String, ConfigError> {
             match get(key) {
@@ -167,7 +209,6 @@ impl BertConfig {
                 .and_then(|a| a.iter().map(|s| s.as_str().map(str::to_string)).collect())
                 .ok_or_else(|| ConfigError::new(file, "architectures", x, "an array of strings"))?,
         };
-        let model_type = string("model_type", String::new())?;
         let position_offset = match model_type.as_str() {
             "roberta" | "xlm-roberta" => uint("pad_token_id", Some(1))? + 1,
             // transformers' MPNetEmbeddings fixes padding_idx = 1.
@@ -179,6 +220,11 @@ impl BertConfig {
         } else {
             0
         };
+        let modernbert = if modern {
+            Some(ModernBertConfig::from_json(file, v)?)
+        } else {
+            None
+        };
         Ok(BertConfig {
             hidden_size: uint("hidden_size", None)?,
             num_hidden_layers: uint("num_hidden_layers", None)?,
@@ -186,13 +232,18 @@ impl BertConfig {
             intermediate_size: uint("intermediate_size", None)?,
             vocab_size: uint("vocab_size", None)?,
             max_position_embeddings: uint("max_position_embeddings", None)?,
-            type_vocab_size: uint("type_vocab_size", Some(two()))?,
+            type_vocab_size: if modern {
+                0
+            } else {
+                uint("type_vocab_size", Some(two()))?
+            },
             layer_norm_eps,
-            hidden_act: string("hidden_act", gelu())?,
+            hidden_act: string(act_key, gelu())?,
             architectures,
             model_type,
             position_offset,
             relative_attention_num_buckets,
+            modernbert,
         })
     }
 
@@ -229,7 +280,11 @@ impl BertConfig {
         positive("intermediate_size", self.intermediate_size)?;
         positive("vocab_size", self.vocab_size)?;
         positive("max_position_embeddings", self.max_position_embeddings)?;
-        positive("type_vocab_size", self.type_vocab_size)?;
+        if let Some(m) = &self.modernbert {
+            m.validate(file, self.num_hidden_layers)?;
+        } else {
+            positive("type_vocab_size", self.type_vocab_size)?;
+        }
         if self.is_mpnet() && !(2..=1024).contains(&self.relative_attention_num_buckets) {
             return Err(ConfigError::new(
                 file,
@@ -249,11 +304,16 @@ impl BertConfig {
                 ),
             ));
         }
-        positive_finite(file, "layer_norm_eps", self.layer_norm_eps as f64)?;
+        let eps_key = if self.is_modernbert() {
+            "norm_eps"
+        } else {
+            "layer_norm_eps"
+        };
+        positive_finite(file, eps_key, self.layer_norm_eps as f64)?;
         if self.activation().is_none() {
             return Err(ConfigError::new(
                 file,
-                "hidden_act",
+                self.activation_key(),
                 format!("{:?}", self.hidden_act),
                 format!("one of {KNOWN_ACTIVATIONS}"),
             ));
@@ -275,6 +335,9 @@ impl BertConfig {
         names: impl IntoIterator<Item = &'a str>,
         shape: impl Fn(&str) -> Option<Vec<usize>>,
     ) -> Result<(), ConfigError> {
+        if self.is_modernbert() {
+            return crate::modernbert::check_tensors(self, file, weights, names, shape);
+        }
         let layers = layers_in_names(names, "encoder.layer.");
         if layers != self.num_hidden_layers {
             return Err(ConfigError::new(
@@ -334,6 +397,9 @@ impl BertConfig {
     /// Every param: name, shape as bound (linear weights `[in, out]`), and
     /// whether the file stores it transposed (`[out, in]`).
     pub fn params(&self) -> Vec<(String, Vec<usize>, bool)> {
+        if let Some(m) = &self.modernbert {
+            return crate::modernbert::params(self, m);
+        }
         let (h, f) = (self.hidden_size, self.intermediate_size);
         let mut p = vec![
             (
@@ -545,6 +611,18 @@ fn encoder(
     seq: usize,
     extra_params: &[(String, Vec<usize>, bool)],
 ) -> Result<(NodeId, NodeId, std::collections::HashMap<String, NodeId>), IrError> {
+    if let Some(m) = &cfg.modernbert {
+        if !extra_params.is_empty() {
+            return Err(IrError::InvalidArgument {
+                what: "model_type".into(),
+                value: "modernbert".into(),
+                expected:
+                    "bert, roberta, xlm-roberta or mpnet (rlx builds no task head on ModernBERT)"
+                        .into(),
+            });
+        }
+        return crate::modernbert::encoder(g, cfg, m, batch, seq);
+    }
     let (b, s, h) = (batch, seq, cfg.hidden_size);
     let heads = cfg.num_attention_heads;
     let act = cfg.activation().unwrap_or(Activation::Gelu);
@@ -932,18 +1010,22 @@ pub fn check_shape_args(cfg: &BertConfig, batch: usize, seq: usize) -> Result<()
 
 /// The architectures [`load_dir_config`] accepts.
 pub const SUPPORTED_ARCHITECTURES: &str = "BertModel, BertForSequenceClassification, \
-     XLMRobertaModel, RobertaModel, MPNetModel (model_type bert, xlm-roberta, roberta or mpnet)";
+     XLMRobertaModel, RobertaModel, MPNetModel, ModernBertModel \
+     (model_type bert, xlm-roberta, roberta, mpnet or modernbert)";
 
 /// The prefix of the encoder's tensor names in a weight file: `""` for a
-/// base model's file (`embeddings.word_embeddings.weight`), `bert.` or
-/// `roberta.` for a task model's (`bert.embeddings...`), `""` if none
-/// matches (the loader then names the missing tensor).
+/// base model's file (`embeddings.word_embeddings.weight`, ModernBERT's
+/// `embeddings.tok_embeddings.weight`), `bert.`, `roberta.`, `mpnet.` or
+/// (ModernBERT's) `model.` for a task model's (`bert.embeddings...`), `""`
+/// if none matches (the loader then names the missing tensor).
 pub fn weight_prefix<'a>(names: impl IntoIterator<Item = &'a str>) -> &'static str {
     let names: Vec<&str> = names.into_iter().collect();
-    for pre in ["", "bert.", "roberta.", "mpnet."] {
-        let want = format!("{pre}embeddings.word_embeddings.weight");
-        if names.iter().any(|n| *n == want) {
-            return pre;
+    for pre in ["", "bert.", "roberta.", "mpnet.", "model."] {
+        for table in ["word_embeddings", "tok_embeddings"] {
+            let want = format!("{pre}embeddings.{table}.weight");
+            if names.iter().any(|n| *n == want) {
+                return pre;
+            }
         }
     }
     ""
@@ -973,7 +1055,8 @@ pub fn load_dir_config(dir: &Path) -> Result<(BertConfig, usize), ModelError> {
         .architectures
         .iter()
         .any(|a| family.iter().any(|f| a.starts_with(f)));
-    if !is_bert || cfg.activation().is_none() {
+    // ModernBERT's activation is checked by `validate`, which names the key.
+    if !cfg.is_modernbert() && (!is_bert || cfg.activation().is_none()) {
         return Err(ModelError::UnknownArchitecture {
             path: cfg_path,
             found: cfg.architectures.clone(),
@@ -1128,7 +1211,7 @@ pub fn synthetic_params(cfg: &BertConfig, seed: u64) -> Vec<(String, Vec<f32>)> 
         .into_iter()
         .map(|(name, dims, _)| {
             let n: usize = dims.iter().product();
-            let is_gamma = name.ends_with("LayerNorm.weight");
+            let is_gamma = name.ends_with("LayerNorm.weight") || name.ends_with("norm.weight");
             let scale = if name.contains("embeddings") {
                 0.5
             } else {

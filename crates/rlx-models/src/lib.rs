@@ -1,6 +1,7 @@
 //! rlx-models: model graph builders and weight mapping.
 //!
 //! - [`bert`]: BERT encoders from `config.json`.
+//! - [`modernbert`]: ModernBERT (rotary, local/global attention, GeGLU) as a BERT variant.
 //! - [`embedder`]: [`SentenceEmbedder`], sentence embeddings end to end.
 //! - [`st`]: the sentence-transformers files (pooling, Normalize, prompts).
 //! - [`tokenizer`]: BERT WordPiece tokenization via `tokenizers`.
@@ -21,6 +22,7 @@ pub mod embedder;
 pub mod gguf_tokenizer;
 pub mod llama;
 mod lru;
+pub mod modernbert;
 pub mod qwen3_next;
 pub mod recurrent;
 pub mod reranker;

@@ -4,7 +4,8 @@
 //! cosine >= 0.99999 and max abs error <= 1e-4 (relative to the largest
 //! component for unnormalized ones), reranker scores within 1e-4 relative;
 //! in thunks and hybrid mode, batched and one text at a time. Plus the
-//! errors for unsupported pooling modes, modules, prompts and activations.
+//! errors for unsupported pooling modes, modules, prompts and activations,
+//! and for ModernBERT settings rlx does not build.
 
 use rlx_models::{EmbedOptions, PoolingMode, Reranker, ScoreActivation, SentenceEmbedder};
 use serde_json::Value;
@@ -185,6 +186,117 @@ fn mpnet_with_relative_position_buckets_matches_sentence_transformers() {
 }
 
 #[test]
+fn modernbert_with_rotary_and_local_attention_matches_sentence_transformers() {
+    use rlx_models::modernbert::LayerAttention::{Global, Local};
+    let m = SentenceEmbedder::load(family("modernbert")).unwrap();
+    let mb = m.config().modernbert.clone().expect("a ModernBERT config");
+    // The Hub's legacy config form: layer kinds from
+    // global_attn_every_n_layers 3, thetas from global/local_rope_theta.
+    assert_eq!(mb.layer_types, None);
+    let kinds: Vec<_> = (0..4).map(|l| mb.layer(l)).collect();
+    assert_eq!(kinds, [Global, Local, Local, Global]);
+    assert_eq!(
+        (mb.global_rope_theta, mb.local_rope_theta),
+        (160000.0, 10000.0)
+    );
+    // A window of 4 tokens either side, far shorter than most cases.
+    assert_eq!(mb.half_window(), 4);
+    assert!(!mb.attention_bias && !mb.mlp_bias && !mb.norm_bias);
+    assert_eq!(m.prompts()["query"], "search_query: ");
+    let long = reference("modernbert")["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["ids"].as_array().unwrap().len() > 2 * mb.half_window() + 1)
+        .count();
+    assert!(long >= 20, "{long} cases longer than the window");
+    check_family("modernbert");
+}
+
+#[test]
+fn modernbert_with_biases_and_silu_gate_matches_sentence_transformers() {
+    use rlx_models::modernbert::LayerAttention::{Global, Local};
+    let m = SentenceEmbedder::load(family("modernbert_bias")).unwrap();
+    let mb = m.config().modernbert.clone().expect("a ModernBERT config");
+    // transformers 5's config form: layer_types and rope_parameters.
+    assert_eq!(mb.layer_types, Some(vec![Global, Local, Global]));
+    assert_eq!(
+        (mb.global_rope_theta, mb.local_rope_theta),
+        (50000.0, 1000.0)
+    );
+    assert_eq!(mb.half_window(), 8);
+    assert!(mb.attention_bias && mb.mlp_bias && mb.norm_bias);
+    assert_eq!(m.config().hidden_act, "silu");
+    assert_eq!(m.pooling().modes, [PoolingMode::Cls]);
+    check_family("modernbert_bias");
+}
+
+/// A copy of the modernbert family with `config.json` edited by `edit`,
+/// and the error loading it.
+fn modernbert_config_err(tag: &str, edit: impl FnOnce(&mut Value)) -> String {
+    let d = copy_family("modernbert", tag);
+    let path = d.join("config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let e = load_err(&d);
+    std::fs::remove_dir_all(&d).ok();
+    e
+}
+
+#[test]
+fn modernbert_unsupported_settings_are_clear_errors() {
+    let e = modernbert_config_err("mb-act", |c| c["hidden_activation"] = "geglu".into());
+    assert!(
+        e.contains("hidden_activation = \"geglu\"")
+            && e.contains("gelu, gelu_new, gelu_pytorch_tanh, relu, silu or swish"),
+        "{e}"
+    );
+    let e = modernbert_config_err("mb-rope", |c| {
+        c["rope_parameters"] =
+            serde_json::json!({"full_attention": {"rope_type": "yarn", "factor": 4.0}});
+    });
+    assert!(
+        e.contains("rope_parameters.full_attention.rope_type = \"yarn\"")
+            && e.contains("\"default\""),
+        "{e}"
+    );
+    let e = modernbert_config_err("mb-scaling", |c| {
+        c["rope_scaling"] = serde_json::json!({"type": "linear", "factor": 2.0});
+    });
+    assert!(e.contains("rope_scaling.type = \"linear\""), "{e}");
+    let e = modernbert_config_err("mb-kind", |c| {
+        c["layer_types"] = serde_json::json!(["full_attention", "chunked_attention"]);
+    });
+    assert!(
+        e.contains("layer_types[1] = \"chunked_attention\"") && e.contains("sliding_attention"),
+        "{e}"
+    );
+    let e = modernbert_config_err("mb-kinds", |c| {
+        c["layer_types"] = serde_json::json!(["full_attention", "sliding_attention"]);
+    });
+    assert!(
+        e.contains("layer_types = 2 entries") && e.contains("num_hidden_layers 4"),
+        "{e}"
+    );
+    let e = modernbert_config_err("mb-every", |c| c["global_attn_every_n_layers"] = 0.into());
+    assert!(e.contains("global_attn_every_n_layers = 0"), "{e}");
+    let e = modernbert_config_err("mb-theta", |c| c["local_rope_theta"] = (-1.0).into());
+    assert!(e.contains("local_rope_theta = -1"), "{e}");
+    let e = modernbert_config_err("mb-ffn", |c| c["intermediate_size"] = 128.into());
+    assert!(
+        e.contains("intermediate_size = 128") && e.contains("layers.0.mlp.Wi.weight"),
+        "{e}"
+    );
+    // A ModernBERT directory is no cross-encoder.
+    let e = Reranker::load(family("modernbert"))
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(e.contains("BertForSequenceClassification"), "{e}");
+}
+
+#[test]
 fn reranker_matches_cross_encoder() {
     let r = reference("reranker");
     let cases = r["cases"].as_array().unwrap();
@@ -338,7 +450,9 @@ fn unsupported_pooling_modules_prompts_and_kinds_are_clear_errors() {
     .unwrap();
     let e = load_err(&d);
     assert!(
-        e.contains("NomicBertModel") && e.contains("XLMRobertaModel"),
+        e.contains("NomicBertModel")
+            && e.contains("XLMRobertaModel")
+            && e.contains("ModernBertModel"),
         "{e}"
     );
     std::fs::remove_dir_all(&d).ok();
