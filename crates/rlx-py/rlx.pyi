@@ -75,10 +75,20 @@ class SentenceEmbedder:
     ) -> npt.NDArray[np.float32]:
         """Embed ``texts`` (a list/iterable of str, a 1-D numpy string array
         or a pyarrow string array): float32 array ``[len(texts), dim]``.
-        ``batch_size``: 1 to 1024 texts per model run (texts grouped by
-        token length, so a run pads little and each row equals the text's
-        embedding alone; rows return in input order). ``normalize``: L2-
-        normalize each row (else the mean-pooled token states).
+        The model's default prompt (``default_prompt_name``), if any, is
+        prepended. ``batch_size``: 1 to 1024 texts per model run (texts
+        grouped by token length, so a run pads little and each row equals
+        the text's embedding alone; rows return in input order).
+
+        ``normalize=False``: the model's own pipeline as configured, as
+        sentence-transformers' ``encode(normalize_embeddings=False)``: its
+        pooling (cls, mean, max, lasttoken, ... from the Pooling module),
+        then its Normalize module when ``modules.json`` lists one (so
+        all-MiniLM-L6-v2's rows stay unit length; a model without one, e.g.
+        GTE-like, gives rows of other lengths). ``normalize=True`` (the
+        default): those rows L2-normalized, as
+        ``normalize_embeddings=True`` (rows of a pipeline that ends in
+        Normalize are unit length already and come back unchanged).
         ``show_progress``: print progress to stderr. Releases the GIL."""
 
     @property
@@ -120,6 +130,21 @@ class Reranker:
         """The relevance of each document to ``query``: float32 scores in
         input order (the model's activation applied, sigmoid by default,
         as ``CrossEncoder.predict``). Releases the GIL."""
+
+    def predict(
+        self,
+        pairs: Iterable[tuple[str, str] | list[str]],
+        batch_size: int = 32,
+    ) -> npt.NDArray[np.float32]:
+        """The scores of ``(query, document)`` pairs, as
+        ``CrossEncoder.predict(pairs)``: float32 array ``[len(pairs)]`` in
+        input order (the model's activation applied, sigmoid by default).
+        ``pairs``: a list (or any iterable) of tuples or lists of two str.
+        ``batch_size``: 1 to 1024 pairs per forward pass (scores do not
+        depend on it beyond float rounding). A pair that is not two str
+        raises ``TypeError`` (``ValueError`` for a tuple or list of another
+        length) naming it; a single pair not in a list is refused
+        (``TypeError``: wrap it in a list). Releases the GIL."""
 
     def rank(
         self,

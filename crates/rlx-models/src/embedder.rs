@@ -584,6 +584,17 @@ impl SentenceEmbedder {
         Ok((emb, toks))
     }
 
+    /// The number of leading tokens `prompt` takes when prepended to a
+    /// text (`0` for `""`), as sentence-transformers counts them: the
+    /// `prompt_len` that [`embed_ids_with_prompt_len`](Self::embed_ids_with_prompt_len)
+    /// takes for ids tokenized from [`StConfig::input_text`] of that prompt.
+    pub fn prompt_len(&self, prompt: &str) -> Result<usize, ModelError> {
+        if prompt.is_empty() {
+            return Ok(0);
+        }
+        Ok(self.tokenizer.prompt_length(prompt)?)
+    }
+
     /// Tokenize `texts` with the prompt (`None`: the default prompt)
     /// prepended and the model's lower-casing: one batch padded to the
     /// longest, and the prompt's length in tokens.
@@ -592,22 +603,10 @@ impl SentenceEmbedder {
             Some(p) => p.to_string(),
             None => self.st.prompt(None)?.to_string(),
         };
-        let prompt_len = if prompt.is_empty() {
-            0
-        } else {
-            self.tokenizer.prompt_length(&prompt)?
-        };
-        let lower = self.st.do_lower_case;
+        let prompt_len = self.prompt_len(&prompt)?;
         let inputs: Vec<String> = texts
             .iter()
-            .map(|t| {
-                let t = format!("{prompt}{t}");
-                if lower {
-                    t.to_lowercase()
-                } else {
-                    t
-                }
-            })
+            .map(|t| self.st.input_text(&prompt, t))
             .collect();
         let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
         Ok((self.tokenizer.encode_batch(&refs)?, prompt_len))
@@ -628,12 +627,33 @@ impl SentenceEmbedder {
     }
 
     /// Embed rows of token ids used as they are (special tokens such as
-    /// `[CLS]` and `[SEP]` included by the caller; no truncation): one
-    /// L2-normalized vector per row. For the ids the tokenizer gives a
-    /// text, this is bit for bit [`embed`](Self::embed) of that text in the
-    /// same batch. Errors name the row: an empty row, a row longer than the
-    /// model's maximum length, or an id outside the vocabulary.
+    /// `[CLS]` and `[SEP]` included by the caller; no truncation, no
+    /// prompt): one vector per row, pooled and normalized as
+    /// [`embed`](Self::embed) pools and normalizes. For the ids the
+    /// tokenizer gives a text, this is bit for bit
+    /// [`embed_with_prompt_text`](Self::embed_with_prompt_text) of that
+    /// text with the prompt `""` in the same batch (and
+    /// [`embed`](Self::embed) of it for a model without a default prompt).
+    /// Errors name the row: an empty row, a row longer than the model's
+    /// maximum length, or an id outside the vocabulary.
     pub fn embed_ids(&mut self, rows: &[Vec<i64>]) -> Result<Embeddings, ModelError> {
+        self.embed_ids_with_prompt_len(rows, 0)
+    }
+
+    /// [`embed_ids`](Self::embed_ids) of rows whose first `prompt_len` ids
+    /// are a prompt's (as [`prompt_len`](Self::prompt_len) counts them):
+    /// with a Pooling module whose `include_prompt` is false, those tokens
+    /// are left out of pooling. For the ids the tokenizer gives
+    /// [`StConfig::input_text`] of a prompt and a text, this is bit for bit
+    /// [`embed_with_prompt_text`](Self::embed_with_prompt_text) of that
+    /// text with that prompt in the same batch; with the default prompt,
+    /// [`embed`](Self::embed) of the text. This is how a caller that
+    /// tokenizes itself (the server) applies the model's prompt.
+    pub fn embed_ids_with_prompt_len(
+        &mut self,
+        rows: &[Vec<i64>],
+        prompt_len: usize,
+    ) -> Result<Embeddings, ModelError> {
         if rows.is_empty() {
             return Ok(vec![]);
         }
@@ -674,7 +694,7 @@ impl SentenceEmbedder {
                 .attention_mask
                 .extend(std::iter::repeat_n(0.0f32, seq - r.len()));
         }
-        Ok(self.run_batch(batch, false, 0)?.0)
+        Ok(self.run_batch(batch, false, prompt_len)?.0)
     }
 
     /// Run one tokenized batch (padded to the device's bucket first);

@@ -174,10 +174,24 @@ impl Reranker {
         Ok(self.models.get_mut(&key).expect("inserted above"))
     }
 
-    /// The raw logits of (first, second) pairs, one per pair.
+    /// The raw logits of (first, second) pairs, one per pair (in forward
+    /// passes of [`RERANK_BATCH`] pairs).
     pub fn logits(&mut self, pairs: &[(&str, &str)]) -> Result<Vec<f32>, ModelError> {
+        self.logits_batched(pairs, RERANK_BATCH)
+    }
+
+    /// [`logits`](Self::logits) in forward passes of at most `batch_size`
+    /// pairs (`0` counts as 1), as `CrossEncoder.predict(batch_size=...)`
+    /// runs them: each pass is padded to its longest pair, and the padding
+    /// is masked, so a pair's logit does not depend on its batch beyond
+    /// float rounding.
+    pub fn logits_batched(
+        &mut self,
+        pairs: &[(&str, &str)],
+        batch_size: usize,
+    ) -> Result<Vec<f32>, ModelError> {
         let mut out = Vec::with_capacity(pairs.len());
-        for chunk in pairs.chunks(RERANK_BATCH) {
+        for chunk in pairs.chunks(batch_size.max(1)) {
             let batch = self.tokenizer.encode_pairs(chunk)?;
             let batch = pad_batch(batch, self.opts.seq_bucket, self.cfg.max_seq());
             let model = self.model_for(batch.batch, batch.seq)?;
@@ -203,9 +217,19 @@ impl Reranker {
     /// The scores of (query, document) pairs, one per pair: the logits
     /// through the model's activation, as `CrossEncoder.predict`.
     pub fn score(&mut self, pairs: &[(&str, &str)]) -> Result<Vec<f32>, ModelError> {
+        self.score_batched(pairs, RERANK_BATCH)
+    }
+
+    /// [`score`](Self::score) in forward passes of at most `batch_size`
+    /// pairs (see [`logits_batched`](Self::logits_batched)).
+    pub fn score_batched(
+        &mut self,
+        pairs: &[(&str, &str)],
+        batch_size: usize,
+    ) -> Result<Vec<f32>, ModelError> {
         let act = self.activation;
         Ok(self
-            .logits(pairs)?
+            .logits_batched(pairs, batch_size)?
             .into_iter()
             .map(|x| act.apply(x))
             .collect())

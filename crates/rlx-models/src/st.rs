@@ -253,6 +253,18 @@ impl StConfig {
         Ok(st)
     }
 
+    /// The text the model reads for `text` with `prompt` prepended:
+    /// `prompt + text`, lower-cased when `do_lower_case` is set (what the
+    /// embedder tokenizes).
+    pub fn input_text(&self, prompt: &str, text: &str) -> String {
+        let t = format!("{prompt}{text}");
+        if self.do_lower_case {
+            t.to_lowercase()
+        } else {
+            t
+        }
+    }
+
     /// The prompt text for `name`, or for the default prompt when `name` is
     /// `None` (`""` when there is none). An unknown name is an error
     /// listing the known ones.
@@ -274,6 +286,14 @@ impl StConfig {
                 .map_or("", String::as_str)),
         }
     }
+}
+
+/// L2-normalize `v` in place as `torch.nn.functional.normalize` does
+/// (sentence-transformers' `normalize_embeddings=True`): divided by its
+/// Euclidean norm, floored at 1e-12 (an all-zero vector stays zero).
+pub fn l2_normalize(v: &mut [f32]) {
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+    v.iter_mut().for_each(|x| *x /= norm);
 }
 
 fn prompt_names(p: &BTreeMap<String, String>) -> String {
@@ -360,4 +380,27 @@ pub fn read_pooling(path: &Path) -> Result<Pooling, ModelError> {
         include_prompt,
         normalize: false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn l2_normalize_divides_by_the_norm_and_keeps_zero_vectors() {
+        let mut v = [3.0f32, -4.0];
+        l2_normalize(&mut v);
+        assert_eq!(v, [0.6, -0.8]);
+        let mut z = [0.0f32; 3];
+        l2_normalize(&mut z);
+        assert_eq!(z, [0.0; 3]);
+    }
+
+    #[test]
+    fn input_text_prepends_the_prompt_and_lower_cases_when_asked() {
+        let mut st = StConfig::default();
+        assert_eq!(st.input_text("Query: ", "Paris"), "Query: Paris");
+        st.do_lower_case = true;
+        assert_eq!(st.input_text("Query: ", "Paris"), "query: paris");
+    }
 }

@@ -157,6 +157,99 @@ fn bert_max_cls_sqrt_len_without_prompt_tokens_matches_sentence_transformers() {
     check_family("bert_max");
 }
 
+/// Ids tokenized from `StConfig::input_text` with the default prompt and
+/// run with that prompt's length (`embed_ids_with_prompt_len`, what the
+/// server does) embed bit for bit as `embed` of the text. bert_max pools
+/// without the prompt tokens (`include_prompt` false): the same ids run
+/// with no prompt length pool them too and differ.
+#[test]
+fn ids_with_the_prompt_length_embed_as_the_text_with_the_default_prompt() {
+    let r = reference("bert_max");
+    let mut m = SentenceEmbedder::load(family("bert_max")).unwrap();
+    let prompt = m.st_config().prompt(None).unwrap().to_string();
+    assert_eq!(prompt, "represent this sentence for searching: ");
+    let pl = m.prompt_len(&prompt).unwrap();
+    // sentence-transformers' prompt_length: [CLS] and the prompt's tokens.
+    assert_eq!(pl, m.tokenizer().encode(&prompt).unwrap().len() - 1);
+    assert!(pl > 2);
+    assert_eq!(m.prompt_len("").unwrap(), 0);
+    let cases: Vec<&Value> = r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["prompt_name"].is_null())
+        .collect();
+    assert!(cases.len() >= 10);
+    for c in cases {
+        let t = c["text"].as_str().unwrap();
+        let row = m
+            .tokenizer()
+            .encode(&m.st_config().input_text(&prompt, t))
+            .unwrap();
+        assert_eq!(row, ids(&c["ids"]), "ids of {t:?}");
+        let want = m.embed(&[t]).unwrap().remove(0);
+        let got = m
+            .embed_ids_with_prompt_len(std::slice::from_ref(&row), pl)
+            .unwrap()
+            .remove(0);
+        assert_eq!(got, want, "{t:?}");
+        let (abs, cos) = compare(&got, &floats(&c["embedding"]));
+        assert!(
+            cos >= 0.99999 && abs <= 1e-4,
+            "{t:?}: cosine {cos}, max abs {abs:e}"
+        );
+        let pooled_with_prompt = m.embed_ids(&[row]).unwrap().remove(0);
+        let (abs, _) = compare(&pooled_with_prompt, &want);
+        assert!(
+            abs > 1e-3,
+            "{t:?}: the prompt tokens changed nothing ({abs:e})"
+        );
+    }
+}
+
+/// Models without a Normalize module (gte: mean; bert_max: max + cls +
+/// mean_sqrt_len) give rows that are not unit length, and
+/// `st::l2_normalize` of a row is sentence-transformers' vector
+/// normalized (its `normalize_embeddings=True`).
+#[test]
+fn l2_normalize_of_unnormalized_rows_is_the_reference_direction() {
+    for name in ["gte", "bert_max"] {
+        let r = reference(name);
+        let mut m = SentenceEmbedder::load(family(name)).unwrap();
+        assert!(!m.pooling().normalize, "{name}");
+        let cases: Vec<&Value> = r["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["prompt_name"].is_null())
+            .collect();
+        let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
+        let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+        for (c, row) in cases.iter().zip(m.embed(&texts).unwrap()) {
+            assert!(
+                (norm(&row) - 1.0).abs() > 1e-2,
+                "{name}: norm {}",
+                norm(&row)
+            );
+            let mut got = row.clone();
+            rlx_models::st::l2_normalize(&mut got);
+            assert!(
+                (norm(&got) - 1.0).abs() <= 1e-6,
+                "{name}: norm {}",
+                norm(&got)
+            );
+            let mut want = floats(&c["embedding"]);
+            let n = norm(&want) as f32;
+            want.iter_mut().for_each(|x| *x /= n);
+            let (abs, cos) = compare(&got, &want);
+            assert!(
+                cos >= 0.99999 && abs <= 1e-5,
+                "{name}: cosine {cos}, max abs {abs:e}"
+            );
+        }
+    }
+}
+
 #[test]
 fn gte_like_unnormalized_mean_matches_sentence_transformers() {
     let m = SentenceEmbedder::load(family("gte")).unwrap();
@@ -338,6 +431,19 @@ fn reranker_matches_cross_encoder() {
                 assert!(rel <= 1e-4, "hybrid={hybrid} {key} of {c}: {got} vs {want}");
             }
         }
+        // Other batch sizes (one pair a pass, passes of 5 padded to their
+        // longest, all in one): the same scores to float rounding.
+        for bs in [1, 5, 64] {
+            let got = m.score_batched(&pairs, bs).unwrap();
+            assert_eq!(got.len(), scores.len());
+            for (i, (g, s)) in got.iter().zip(&scores).enumerate() {
+                assert!(
+                    (g - s).abs() <= 1e-6,
+                    "batch_size {bs}, pair {i}: {g} vs {s}"
+                );
+            }
+        }
+        assert!(m.score_batched(&[], 4).unwrap().is_empty());
         // rerank: best first, every index once, scores from score().
         let q = pairs[0].0;
         let docs: Vec<&str> = pairs.iter().filter(|p| p.0 == q).map(|p| p.1).collect();

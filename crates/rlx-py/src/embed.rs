@@ -6,6 +6,7 @@ use numpy::{IntoPyArray, PyArray2, PyArrayDescrMethods, PyUntypedArray, PyUntype
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyString;
+use rlx::models::st::l2_normalize;
 use rlx::models::{EmbedDevice, EmbedOptions, ModelError, SentenceEmbedder};
 use std::io::Write;
 use std::sync::Mutex;
@@ -114,19 +115,6 @@ fn is_pyarrow(obj: &Bound<'_, PyAny>) -> bool {
         && obj.hasattr("to_pylist").unwrap_or(false)
 }
 
-/// Mean of `rows` (a `len x dim` list of token states).
-fn mean_pool(tokens: &[f32], dim: usize) -> Vec<f32> {
-    let n = (tokens.len() / dim).max(1);
-    let mut m = vec![0f32; dim];
-    for row in tokens.chunks_exact(dim) {
-        for (a, b) in m.iter_mut().zip(row) {
-            *a += b;
-        }
-    }
-    m.iter_mut().for_each(|x| *x /= n as f32);
-    m
-}
-
 #[pymethods]
 impl PySentenceEmbedder {
     /// Load a sentence-transformers model (BERT, XLM-RoBERTa or MPNet).
@@ -221,9 +209,16 @@ impl PySentenceEmbedder {
     /// (1 to 1024): most texts per model run; texts are grouped by their
     /// token length (rounded up to a multiple of 4), so a run pads little
     /// and each row equals that text's embedding alone; the rows come back
-    /// in the input order. `normalize`: L2-normalize each row
-    /// (otherwise the mean-pooled token states). `show_progress`: print
-    /// `rlx encode: k/n` to stderr. The GIL is released while the model runs.
+    /// in the input order. The model's default prompt
+    /// (`default_prompt_name`), if any, is prepended. `normalize=False`:
+    /// the model's pipeline as configured, as sentence-transformers'
+    /// `encode(normalize_embeddings=False)`: its pooling modes, then its
+    /// Normalize module if `modules.json` lists one (all-MiniLM-L6-v2's
+    /// rows stay unit length). `normalize=True` (the default): those rows
+    /// L2-normalized (`normalize_embeddings=True`; rows of a pipeline
+    /// ending in Normalize are unit length already and come back as they
+    /// are). `show_progress`: print `rlx encode: k/n` to stderr. The GIL
+    /// is released while the model runs.
     #[pyo3(signature = (texts, batch_size = 32, normalize = true, show_progress = false))]
     fn encode<'py>(
         &self,
@@ -258,15 +253,12 @@ impl PySentenceEmbedder {
                 let mut done = 0;
                 for slice in texts.chunks(step.max(1)) {
                     let refs: Vec<&str> = slice.iter().map(String::as_str).collect();
-                    let rows = if normalize {
-                        m.embed_many(&refs, batch_size as usize)
-                            .map_err(model_err)?
-                    } else {
-                        let (_, tokens) = m
-                            .embed_many_with_tokens(&refs, batch_size as usize)
-                            .map_err(model_err)?;
-                        tokens.iter().map(|t| mean_pool(t, dim)).collect()
-                    };
+                    let mut rows = m
+                        .embed_many(&refs, batch_size as usize)
+                        .map_err(model_err)?;
+                    if normalize && !m.pooling().normalize {
+                        rows.iter_mut().for_each(|r| l2_normalize(r));
+                    }
                     for (k, v) in rows.iter().enumerate() {
                         flat[(done + k) * dim..(done + k + 1) * dim].copy_from_slice(v);
                     }

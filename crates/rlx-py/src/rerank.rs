@@ -1,11 +1,12 @@
 //! `rlx.Reranker`: cross-encoder relevance scores as a numpy array.
 
-use crate::embed::model_err;
+use crate::embed::{model_err, MAX_BATCH};
 use crate::{guarded, lock, ModelLoadError};
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString};
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use rlx::models::reranker::RERANK_BATCH;
 use rlx::models::EmbedOptions;
 use rlx::Reranker;
 use std::sync::Mutex;
@@ -48,17 +49,106 @@ fn extract_docs(obj: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
     Ok(out)
 }
 
+/// `pairs` as (query, document) strings: an iterable of tuples or lists
+/// of two str, as `CrossEncoder.predict` takes them. Errors name the
+/// offending pair (and item): `TypeError` for a wrong type, `ValueError`
+/// for a pair that does not hold two items.
+fn extract_pairs(obj: &Bound<'_, PyAny>) -> PyResult<Vec<(String, String)>> {
+    const WANT: &str = "a (query, document) tuple or list of two str";
+    if obj.is_instance_of::<PyString>() {
+        return Err(PyTypeError::new_err(
+            "pairs: expected a list of (query, document) pairs, got a single str",
+        ));
+    }
+    let is_pair =
+        |x: &Bound<'_, PyAny>| x.is_instance_of::<PyTuple>() || x.is_instance_of::<PyList>();
+    if is_pair(obj)
+        && obj.len().ok() == Some(2)
+        && obj
+            .try_iter()?
+            .all(|x| x.is_ok_and(|x| x.is_instance_of::<PyString>()))
+    {
+        return Err(PyTypeError::new_err(
+            "pairs: got a single (query, document) pair; wrap it in a list: \
+             predict([(query, document)])",
+        ));
+    }
+    let iter = obj.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "pairs: expected a list of (query, document) pairs, got {}",
+            crate::type_name(obj)
+        ))
+    })?;
+    let mut out = Vec::new();
+    for (i, item) in iter.enumerate() {
+        let item = item?;
+        if !is_pair(&item) {
+            return Err(PyTypeError::new_err(format!(
+                "pairs[{i}]: expected {WANT}, got {}",
+                crate::type_name(&item)
+            )));
+        }
+        let n = item.len()?;
+        if n != 2 {
+            return Err(PyValueError::new_err(format!(
+                "pairs[{i}]: {n} items; expected {WANT}"
+            )));
+        }
+        let text = |j: usize| -> PyResult<String> {
+            let x = item.get_item(j)?;
+            let s = x.cast::<PyString>().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "pairs[{i}][{j}]: expected str, got {}",
+                    if x.is_none() {
+                        "None".to_string()
+                    } else {
+                        crate::type_name(&x)
+                    }
+                ))
+            })?;
+            Ok(s.to_str()
+                .map_err(|e| {
+                    PyValueError::new_err(format!("pairs[{i}][{j}]: not valid Unicode: {e}"))
+                })?
+                .to_owned())
+        };
+        out.push((text(0)?, text(1)?));
+    }
+    Ok(out)
+}
+
 impl PyReranker {
-    /// Scores of every document against `query`, in input order.
-    fn scores(&self, py: Python<'_>, query: &str, docs: &[String]) -> PyResult<Vec<f32>> {
+    /// Scores of `pairs`, in input order, in forward passes of at most
+    /// `batch_size` pairs; `what` names the method in an internal error.
+    fn scores(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        pairs: &[(&str, &str)],
+        batch_size: usize,
+    ) -> PyResult<Vec<f32>> {
+        if pairs.is_empty() {
+            return Ok(vec![]);
+        }
         let inner = &self.inner;
         py.detach(|| {
-            guarded("Reranker.rerank", || {
+            guarded(what, || {
                 let mut m = lock(inner, "Reranker")?;
-                let pairs: Vec<(&str, &str)> = docs.iter().map(|d| (query, d.as_str())).collect();
-                m.score(&pairs).map_err(model_err)
+                m.score_batched(pairs, batch_size).map_err(model_err)
             })
         })
+    }
+
+    /// Scores of every document against `query`, in input order.
+    fn doc_scores(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        query: &str,
+        docs: &[String],
+    ) -> PyResult<Vec<f32>> {
+        let pairs: Vec<(&str, &str)> = docs.iter().map(|d| (query, d.as_str())).collect();
+        self.scores(py, what, &pairs, RERANK_BATCH)
     }
 }
 
@@ -115,10 +205,40 @@ impl PyReranker {
         documents: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<f32>>> {
         let docs = extract_docs(documents)?;
-        if docs.is_empty() {
-            return Ok(Vec::<f32>::new().into_pyarray(py));
+        Ok(self
+            .doc_scores(py, "Reranker.rerank", query, &docs)?
+            .into_pyarray(py))
+    }
+
+    /// The scores of (query, document) pairs, as `CrossEncoder.predict`:
+    /// `pairs` is a list (or any iterable) of tuples or lists of two str;
+    /// returns a float32 array of `len(pairs)` scores in input order (the
+    /// model's activation applied, sigmoid by default). `batch_size` (1 to
+    /// 1024): most pairs per forward pass, each pass padded to its longest
+    /// pair (the padding is masked: a score does not depend on its batch
+    /// beyond float rounding). Pairs are truncated to `max_length` tokens.
+    /// A pair that is not two str raises `TypeError` (`ValueError` for a
+    /// tuple or list of another length), naming it. Releases the GIL.
+    #[pyo3(signature = (pairs, batch_size = 32))]
+    fn predict<'py>(
+        &self,
+        py: Python<'py>,
+        pairs: &Bound<'py, PyAny>,
+        batch_size: i64,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        if batch_size < 1 || batch_size as u64 > MAX_BATCH as u64 {
+            return Err(PyValueError::new_err(format!(
+                "batch_size={batch_size}: expected 1 to {MAX_BATCH}"
+            )));
         }
-        Ok(self.scores(py, query, &docs)?.into_pyarray(py))
+        let pairs = extract_pairs(pairs)?;
+        let refs: Vec<(&str, &str)> = pairs
+            .iter()
+            .map(|(q, d)| (q.as_str(), d.as_str()))
+            .collect();
+        Ok(self
+            .scores(py, "Reranker.predict", &refs, batch_size as usize)?
+            .into_pyarray(py))
     }
 
     /// The documents ranked best first, as `CrossEncoder.rank`: a list of
@@ -139,11 +259,7 @@ impl PyReranker {
             )));
         }
         let docs = extract_docs(documents)?;
-        let scores = if docs.is_empty() {
-            vec![]
-        } else {
-            self.scores(py, query, &docs)?
-        };
+        let scores = self.doc_scores(py, "Reranker.rank", query, &docs)?;
         let mut order: Vec<usize> = (0..docs.len()).collect();
         order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
         order.truncate(top_k.map_or(docs.len(), |k| k as usize));

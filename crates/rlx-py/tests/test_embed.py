@@ -3,14 +3,18 @@ threads, bad input, memory."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import rlx
+
+FAMILIES = Path(__file__).resolve().parents[3] / "crates/rlx-models/tests/data/families"
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -43,12 +47,50 @@ def test_properties(embedder):
     assert "SentenceEmbedder" in repr(embedder)
 
 
-def test_unnormalized_is_the_mean_pooled_state(embedder, reference):
+def test_unnormalized_keeps_the_models_normalize_module(embedder, reference):
+    # all-MiniLM-L6-v2's modules.json ends in Normalize: as with
+    # sentence-transformers' encode(normalize_embeddings=False), its rows
+    # stay unit length.
     texts = reference["sentences"][:4]
     raw = embedder.encode(texts, normalize=False)
+    np.testing.assert_allclose(np.linalg.norm(raw, axis=1), 1.0, atol=1e-5)
+    want = np.asarray(reference["embeddings"][:4], dtype=np.float32)
+    assert cosines(raw, want).min() >= 0.99999
+    np.testing.assert_allclose(raw, want, atol=1e-4)
+    # normalize=True returns the already unit rows as they are.
+    assert np.array_equal(embedder.encode(texts), raw)
+
+
+@pytest.mark.parametrize("family", ["gte", "bert_max", "bert_cls"])
+def test_normalize_false_is_the_models_own_pipeline(family):
+    # Reference: SentenceTransformer(dir).encode(texts) (normalize_embeddings
+    # False; the default prompt applied), written by
+    # scripts/gen_model_refs.py. gte: mean pooling, no Normalize module;
+    # bert_max: max + cls + mean_sqrt_len_tokens without the prompt's
+    # tokens, a default prompt, no Normalize; bert_cls: CLS then Normalize.
+    ref = json.loads((FAMILIES / family / "reference.json").read_text())
+    cases = [c for c in ref["cases"] if c["prompt_name"] is None]
+    texts = [c["text"] for c in cases]
+    want = np.asarray([c["embedding"] for c in cases], dtype=np.float32)
+    m = rlx.SentenceEmbedder(FAMILIES / family)
+    raw = m.encode(texts, normalize=False)
+    assert raw.dtype == np.float32 and raw.shape == want.shape
+    scale = np.maximum(np.abs(want).max(axis=1, keepdims=True), 1.0)
+    assert (np.abs(raw - want) / scale).max() <= 1e-4
+    assert cosines(raw, want).min() >= 0.99999
+    unit = m.encode(texts)
     norms = np.linalg.norm(raw, axis=1)
-    assert np.all(np.abs(norms - 1.0) > 1e-2), norms
-    np.testing.assert_allclose(raw / norms[:, None], embedder.encode(texts), atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(unit, raw / norms[:, None], atol=1e-6)
+    if ref["normalize"]:
+        np.testing.assert_allclose(norms, 1.0, atol=1e-5)
+        assert np.array_equal(unit, raw)
+    else:
+        assert np.all(np.abs(norms - 1.0) > 1e-2), norms
+        # sentence-transformers' normalize_embeddings=True: its vectors
+        # L2-normalized.
+        want_unit = want / np.linalg.norm(want, axis=1, keepdims=True)
+        np.testing.assert_allclose(unit, want_unit, atol=1e-5)
 
 
 def test_input_kinds_give_the_same_rows(embedder):

@@ -275,15 +275,19 @@ struct EmbeddingsRequest {
     truncate: Option<bool>,
 }
 
-/// The inputs of an embeddings request as rows of ids. An input longer than
-/// the model's maximum is cut to it when `truncate` (ids: the last one, the
-/// `[SEP]`, is kept, as the tokenizer cuts text), refused otherwise.
+/// The inputs of an embeddings request as rows of ids, and how many
+/// leading ids of each row are the model's prompt's. Text gets the model's
+/// default prompt (`default_prompt_name`) prepended, and is lower-cased
+/// when the model says so, as `SentenceEmbedder::embed` does; token ids are
+/// used as they are (no prompt). An input longer than the model's maximum
+/// is cut to it when `truncate` (ids: the last one, the `[SEP]`, is kept,
+/// as the tokenizer cuts text), refused otherwise.
 fn embed_rows(
     e: &crate::EmbedState,
     input: &Value,
     max_items: usize,
     truncate: bool,
-) -> Result<Vec<Vec<i64>>, ApiError> {
+) -> Result<(Vec<Vec<i64>>, usize), ApiError> {
     let bad = |m: String| Err(ApiError::bad_request(format!("input: {m}")));
     let (vocab, max_len) = (e.tokenizer.vocab_size() as i64, e.tokenizer.max_seq_len());
     let too_long = |what: String| {
@@ -300,7 +304,7 @@ fn embed_rows(
         }
         let (ids, cut) = e
             .tokenizer
-            .encode_checked(t)
+            .encode_checked(&e.st.input_text(&e.prompt, t))
             .map_err(|err| ApiError::bad_request(format!("input: {err}")))?;
         if cut && !truncate {
             let head: String = t.chars().take(32).collect();
@@ -332,31 +336,37 @@ fn embed_rows(
         Ok(row)
     };
     let rows = match input {
-        Value::String(t) => vec![text(t)?],
+        Value::String(t) => (vec![text(t)?], e.prompt_len),
         Value::Array(items) if items.is_empty() => return bad("an empty list; expected at least one input".into()),
         Value::Array(items) if items.len() > max_items => {
             return bad(format!("{} inputs; at most {max_items} per request", items.len()))
         }
         Value::Array(items) => match &items[0] {
-            Value::String(_) => items
-                .iter()
-                .map(|x| match x.as_str() {
-                    Some(t) => text(t),
-                    None => Err(ApiError::bad_request(format!(
-                        "input: {x} in a list of strings; expected a string"
-                    ))),
-                })
-                .collect::<Result<_, _>>()?,
-            Value::Number(_) => vec![ids(items)?],
-            Value::Array(_) => items
-                .iter()
-                .map(|x| match x.as_array() {
-                    Some(a) if !a.is_empty() => ids(a),
-                    _ => Err(ApiError::bad_request(format!(
-                        "input: {x} in a list of token-id lists; expected a non-empty list of integers"
-                    ))),
-                })
-                .collect::<Result<_, _>>()?,
+            Value::String(_) => (
+                items
+                    .iter()
+                    .map(|x| match x.as_str() {
+                        Some(t) => text(t),
+                        None => Err(ApiError::bad_request(format!(
+                            "input: {x} in a list of strings; expected a string"
+                        ))),
+                    })
+                    .collect::<Result<_, _>>()?,
+                e.prompt_len,
+            ),
+            Value::Number(_) => (vec![ids(items)?], 0),
+            Value::Array(_) => (
+                items
+                    .iter()
+                    .map(|x| match x.as_array() {
+                        Some(a) if !a.is_empty() => ids(a),
+                        _ => Err(ApiError::bad_request(format!(
+                            "input: {x} in a list of token-id lists; expected a non-empty list of integers"
+                        ))),
+                    })
+                    .collect::<Result<_, _>>()?,
+                0,
+            ),
             other => return bad(format!("a list of {other}; expected strings or token ids")),
         },
         other => return bad(format!("{other}; expected a string, a list of strings or token ids")),
@@ -389,11 +399,16 @@ async fn embeddings(
             )))
         }
     };
-    let rows = embed_rows(e, &req.input, s.cfg.max_items, req.truncate.unwrap_or(true))?;
+    let (rows, prompt_len) =
+        embed_rows(e, &req.input, s.cfg.max_items, req.truncate.unwrap_or(true))?;
     let tokens: usize = rows.iter().map(Vec::len).sum();
     let (tx, rx) = tokio::sync::oneshot::channel();
     e.handle
-        .submit(EmbedJob { rows, reply: tx })
+        .submit(EmbedJob {
+            rows,
+            prompt_len,
+            reply: tx,
+        })
         .map_err(|_| ApiError::queue_full("embeddings"))?;
     let vecs = match tokio::time::timeout(s.cfg.timeout, rx).await {
         Err(_) => return Err(ApiError::timeout(s.cfg.timeout.as_secs_f64())),

@@ -25,6 +25,10 @@ pub type EmbedResult = Result<Vec<Vec<f32>>, String>;
 pub struct EmbedJob {
     /// The inputs, tokenized.
     pub rows: Vec<Vec<i64>>,
+    /// How many leading ids of every row are the model's prompt's
+    /// ([`SentenceEmbedder::prompt_len`]; 0 for none): left out of pooling
+    /// when the model's Pooling module excludes prompt tokens.
+    pub prompt_len: usize,
     /// Where the vectors go.
     pub reply: oneshot::Sender<EmbedResult>,
 }
@@ -113,7 +117,7 @@ fn run(mut e: SentenceEmbedder, rx: Receiver<EmbedJob>, cfg: BatchConfig, m: Arc
     }
 }
 
-/// Embed every row of `jobs`, grouped by padded length
+/// Embed every row of `jobs`, grouped by prompt length and padded length
 /// ([`rlx::models::plan_runs`]: a row is padded as it would be alone, so
 /// its vector is bit for bit the one it gets alone), then answer every job.
 ///
@@ -124,49 +128,57 @@ fn run(mut e: SentenceEmbedder, rx: Receiver<EmbedJob>, cfg: BatchConfig, m: Arc
 /// next), which measured a 30-40% higher p99 at 8 and 64 clients, at the
 /// same throughput.
 fn run_jobs(e: &mut SentenceEmbedder, jobs: Vec<EmbedJob>, cfg: &BatchConfig, m: &Metrics) {
-    // (job, row) of every live row.
-    let mut items: Vec<(usize, usize)> = Vec::new();
+    // (job, row) of every live row, by prompt length: rows of different
+    // prompt lengths (text with the model's prompt, token ids without)
+    // pool differently and never share a run.
+    let mut groups: Vec<(usize, Vec<(usize, usize)>)> = Vec::new();
     for (j, job) in jobs.iter().enumerate() {
         if job.reply.is_closed() {
             continue; // the client went away
         }
-        items.extend((0..job.rows.len()).map(|r| (j, r)));
+        let rows = (0..job.rows.len()).map(|r| (j, r));
+        match groups.iter_mut().find(|(pl, _)| *pl == job.prompt_len) {
+            Some((_, items)) => items.extend(rows),
+            None => groups.push((job.prompt_len, rows.collect())),
+        }
     }
-    let lengths: Vec<usize> = items.iter().map(|&(j, r)| jobs[j].rows[r].len()).collect();
-    let runs = rlx::models::plan_runs(
-        &lengths,
-        cfg.seq_bucket.max(1),
-        e.config().max_seq(),
-        usize::MAX,
-        cfg.max_batch_tokens,
-    );
     let mut out: Vec<Vec<Option<Vec<f32>>>> =
         jobs.iter().map(|j| vec![None; j.rows.len()]).collect();
     let mut failed: Vec<Option<String>> = vec![None; jobs.len()];
-    for run in runs {
-        // A job that failed in an earlier run is not run further.
-        let chunk: Vec<(usize, usize)> = run
-            .iter()
-            .map(|&k| items[k])
-            .filter(|&(j, _)| failed[j].is_none())
-            .collect();
-        if chunk.is_empty() {
-            continue;
-        }
-        let rows: Vec<Vec<i64>> = chunk
-            .iter()
-            .map(|&(j, r)| jobs[j].rows[r].clone())
-            .collect();
-        m.batch(rows.len());
-        match e.embed_ids(&rows) {
-            Ok(vecs) => {
-                for (&(j, r), v) in chunk.iter().zip(vecs) {
-                    out[j][r] = Some(v);
-                }
+    for (prompt_len, items) in groups {
+        let lengths: Vec<usize> = items.iter().map(|&(j, r)| jobs[j].rows[r].len()).collect();
+        let runs = rlx::models::plan_runs(
+            &lengths,
+            cfg.seq_bucket.max(1),
+            e.config().max_seq(),
+            usize::MAX,
+            cfg.max_batch_tokens,
+        );
+        for run in runs {
+            // A job that failed in an earlier run is not run further.
+            let chunk: Vec<(usize, usize)> = run
+                .iter()
+                .map(|&k| items[k])
+                .filter(|&(j, _)| failed[j].is_none())
+                .collect();
+            if chunk.is_empty() {
+                continue;
             }
-            Err(err) => {
-                for &(j, _) in &chunk {
-                    failed[j] = Some(err.to_string());
+            let rows: Vec<Vec<i64>> = chunk
+                .iter()
+                .map(|&(j, r)| jobs[j].rows[r].clone())
+                .collect();
+            m.batch(rows.len());
+            match e.embed_ids_with_prompt_len(&rows, prompt_len) {
+                Ok(vecs) => {
+                    for (&(j, r), v) in chunk.iter().zip(vecs) {
+                        out[j][r] = Some(v);
+                    }
+                }
+                Err(err) => {
+                    for &(j, _) in &chunk {
+                        failed[j] = Some(err.to_string());
+                    }
                 }
             }
         }
@@ -180,5 +192,66 @@ fn run_jobs(e: &mut SentenceEmbedder, jobs: Vec<EmbedJob>, cfg: &BatchConfig, m:
                 .ok_or_else(|| "an input was not embedded".to_string()),
         };
         let _ = job.reply.send(res);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Jobs of text (with the model's prompt) and of token ids (without)
+    /// batched together: each row gets the vector it gets alone. The model
+    /// (rlx-models' random-init bert_max) pools without the prompt tokens,
+    /// so running the prompted rows with the wrong prompt length would
+    /// change them.
+    #[test]
+    fn rows_of_different_prompt_lengths_are_pooled_apart() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../rlx-models/tests/data/families/bert_max");
+        let mut e = SentenceEmbedder::load(&dir).unwrap();
+        let prompt = e.st_config().prompt(None).unwrap().to_string();
+        let pl = e.prompt_len(&prompt).unwrap();
+        assert!(pl > 0);
+        let texts = ["a short one", "a somewhat longer second text here"];
+        let tok = |t: &str| e.tokenizer().encode(t).unwrap();
+        let prompted: Vec<Vec<i64>> = texts
+            .iter()
+            .map(|t| tok(&e.st_config().input_text(&prompt, t)))
+            .collect();
+        let plain: Vec<Vec<i64>> = texts.iter().map(|t| tok(t)).collect();
+        let want_prompted: Vec<Vec<f32>> = texts
+            .iter()
+            .map(|t| e.embed(&[t]).unwrap().remove(0))
+            .collect();
+        let want_plain: Vec<Vec<f32>> = plain
+            .iter()
+            .map(|r| e.embed_ids(std::slice::from_ref(r)).unwrap().remove(0))
+            .collect();
+        // The prompted ids pooled with the prompt tokens: not the answer.
+        let wrong = e.embed_ids(&prompted[..1]).unwrap().remove(0);
+        assert_ne!(wrong, want_prompted[0]);
+        let (tx_a, mut rx_a) = oneshot::channel();
+        let (tx_b, mut rx_b) = oneshot::channel();
+        let jobs = vec![
+            EmbedJob {
+                rows: prompted,
+                prompt_len: pl,
+                reply: tx_a,
+            },
+            EmbedJob {
+                rows: plain,
+                prompt_len: 0,
+                reply: tx_b,
+            },
+        ];
+        let cfg = BatchConfig {
+            max_batch_tokens: 4096,
+            wait: Duration::ZERO,
+            queue: 4,
+            seq_bucket: e.seq_bucket(),
+        };
+        run_jobs(&mut e, jobs, &cfg, &Metrics::new());
+        assert_eq!(rx_a.try_recv().unwrap().unwrap(), want_prompted);
+        assert_eq!(rx_b.try_recv().unwrap().unwrap(), want_plain);
     }
 }

@@ -116,6 +116,14 @@ pub(crate) struct EmbedState {
     pub names: Vec<String>,
     pub handle: EmbedHandle,
     pub tokenizer: BertTokenizer,
+    /// The sentence-transformers config (prompts, lower-casing).
+    pub st: rlx::models::StConfig,
+    /// The default prompt (`default_prompt_name`; `""` for none),
+    /// prepended to every text input as `SentenceEmbedder::embed` does...
+    pub prompt: String,
+    /// ...and its length in tokens, left out of pooling when the model's
+    /// Pooling module says so.
+    pub prompt_len: usize,
     pub dim: usize,
     /// The hybrid plan of the compiled shape the warm-up ran.
     pub plans: Vec<CompiledPlan>,
@@ -216,6 +224,14 @@ fn load_embed(
         .map_err(|err| format!("--embed-model {}: {err}", dir.display()))?;
     let tokenizer = e.tokenizer().clone();
     let dim = e.dim();
+    let st = e.st_config().clone();
+    let prompt = st
+        .prompt(None)
+        .map_err(|err| format!("--embed-model {}: {err}", dir.display()))?
+        .to_string();
+    let prompt_len = e
+        .prompt_len(&prompt)
+        .map_err(|err| format!("--embed-model {}: {err}", dir.display()))?;
     let (handle, join) = batcher::spawn(
         e,
         BatchConfig {
@@ -228,9 +244,15 @@ fn load_embed(
     );
     // Warm up: one embedding through the batcher.
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let rows = vec![tokenizer.encode("warm up").map_err(|e| e.to_string())?];
+    let rows = vec![tokenizer
+        .encode(&st.input_text(&prompt, "warm up"))
+        .map_err(|e| e.to_string())?];
     handle
-        .submit(EmbedJob { rows, reply: tx })
+        .submit(EmbedJob {
+            rows,
+            prompt_len,
+            reply: tx,
+        })
         .map_err(|_| "warm-up: the embedding queue refused the job".to_string())?;
     rx.blocking_recv()
         .map_err(|_| "warm-up: the embedding worker stopped".to_string())?
@@ -241,6 +263,9 @@ fn load_embed(
             names,
             handle,
             tokenizer,
+            st,
+            prompt,
+            prompt_len,
             dim,
             plans,
         },

@@ -1111,3 +1111,105 @@ fn rerank_scores_equal_cross_encoder_and_bad_requests_are_openai_errors() {
     assert!(resp.body.contains("reranker"), "{}", resp.body);
     s.shutdown().unwrap();
 }
+
+/// A random-init embedder whose sentence-transformers config has a default
+/// prompt (rlx-models' bert_max: `default_prompt_name` "query", pooling
+/// without the prompt's tokens); no fetch needed.
+fn prompted_embedder_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../rlx-models/tests/data/families/bert_max")
+}
+
+#[test]
+fn embeddings_of_text_get_the_models_default_prompt() {
+    let dir = prompted_embedder_dir();
+    let s = Server::start(ServerConfig {
+        embed_model: Some(dir.clone()),
+        port: 0,
+        ..Default::default()
+    })
+    .expect("start");
+    s.wait_ready(Duration::from_secs(60)).expect("ready");
+    let a = s.addr();
+    let mut lib = SentenceEmbedder::load(&dir).unwrap();
+    assert_eq!(lib.default_prompt_name(), Some("query"));
+    let prompt = lib.st_config().prompt(None).unwrap().to_string();
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    // sentence-transformers' encode(texts) of the same model: the default
+    // prompt applied (prompt_name None). The empty text is left out: the
+    // server refuses empty strings.
+    let cases: Vec<&Value> = r["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["prompt_name"].is_null() && c["text"] != "")
+        .collect();
+    assert!(cases.len() >= 9, "{} cases", cases.len());
+    let texts: Vec<&str> = cases.iter().map(|c| c["text"].as_str().unwrap()).collect();
+    let resp = post(a, "/v1/embeddings", &json!({"input": texts}));
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let v = resp.json();
+    let mut tokens = 0;
+    for (i, (t, c)) in texts.iter().zip(&cases).enumerate() {
+        let got = floats(&v["data"][i]["embedding"]);
+        // The library's embed (default prompt), bit for bit.
+        assert_eq!(got, lib.embed(&[t]).unwrap()[0], "input {i}");
+        let st = floats(&c["embedding"]);
+        let scale = st.iter().fold(1f32, |m, x| m.max(x.abs()));
+        let err = got
+            .iter()
+            .zip(&st)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            err <= 1e-4 * scale,
+            "input {i}: {err:e} from sentence-transformers"
+        );
+        // Without the prompt the vector is another one.
+        let bare = lib.embed_with_prompt_text(&[t], "").unwrap().remove(0);
+        let diff = got
+            .iter()
+            .zip(&bare)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            diff > 1e-3,
+            "input {i}: the prompt changed nothing ({diff:e})"
+        );
+        tokens += c["ids"].as_array().unwrap().len();
+    }
+    // The prompt's tokens are counted (the reference ids include them).
+    assert_eq!(v["usage"]["prompt_tokens"], tokens);
+    // A single string, and "truncate": false counting the prompt's tokens.
+    let resp = post(a, "/v1/embeddings", &json!({"input": texts[0]}));
+    assert_eq!(
+        floats(&resp.json()["data"][0]["embedding"]),
+        lib.embed(&[texts[0]]).unwrap()[0]
+    );
+    let cut = |t: &str| lib.tokenizer().encode_checked(t).unwrap().1;
+    let fits = (1..lib.tokenizer().max_seq_len())
+        .map(|n| "x ".repeat(n))
+        .take_while(|t| !cut(&format!("{prompt}{t}")))
+        .last()
+        .unwrap();
+    let over = format!("{fits}x ");
+    // `over` fits alone, not after the prompt.
+    assert!(cut(&format!("{prompt}{over}")) && !cut(&over));
+    for (input, status) in [(&fits, 200), (&over, 400)] {
+        let resp = post(
+            a,
+            "/v1/embeddings",
+            &json!({"input": input, "truncate": false}),
+        );
+        assert_eq!(resp.status, status, "{input:?}: {}", resp.body);
+    }
+    // Token ids are used as given: no prompt.
+    let ids = lib.tokenizer().encode(texts[1]).unwrap();
+    let resp = post(a, "/v1/embeddings", &json!({"input": ids}));
+    assert_eq!(
+        floats(&resp.json()["data"][0]["embedding"]),
+        lib.embed_ids(&[ids]).unwrap()[0]
+    );
+    s.shutdown().unwrap();
+}
