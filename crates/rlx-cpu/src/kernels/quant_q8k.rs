@@ -1120,7 +1120,7 @@ mod tests {
         let paths = paths();
         for kind in KINDS {
             let ks: &[usize] = if kind == Kind::Q5_0 {
-                &[64, 256, 512, 2048]
+                &[64, 256, 512, 640, 2048]
             } else {
                 &[256, 512, 2048]
             };
