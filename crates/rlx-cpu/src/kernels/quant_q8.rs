@@ -9,7 +9,8 @@
 //!   without AVX2. Only the f32 accumulation of the per-block terms differs
 //!   between the two (order of additions).
 //! - Q5_0, Q4_K, Q5_K and Q6_K weights have the integer kernels of
-//!   [`super::quant_q8k`] (same activation blocks).
+//!   [`super::quant_q8k`] (same activation blocks; Q5_0 up to
+//!   [`super::quant_q8k::Q5_0_MAX_ROWS`] rows).
 //! - Other schemes multiply the rounded activations `x̂ = d q` (as f32) with
 //!   the f32-activation kernels of [`super::quant`]: same numbers up to f32
 //!   rounding, no speed-up.

@@ -40,8 +40,10 @@
 //! Decode (`m == 1`) runs 4 weight rows at a time (one activation load per
 //! block for all four, four independent accumulator chains), prefetching
 //! the same block of the next 4 rows; up to [`super::quant_q8::INT_MAX_ROWS`]
-//! rows run 2 x 4 tiles (each weight block unpacked once per 4 activation
-//! rows) into `y^T`. Weight rows are split over the rayon pool in chunks.
+//! rows (Q5_0: [`Q5_0_MAX_ROWS`]) run 2 x 4 tiles (each weight block
+//! unpacked once per 4 activation rows) into `y^T`; more rows take the f32
+//! kernels on the rounded activations. Weight rows are split over the rayon
+//! pool in chunks.
 //!
 //! AVX2 forms the u8 x i8 sums with `maddubs` + `madd`, VNNI with one
 //! `vpdpbusd` (256-bit registers). Q6_K uses `maddubs` + `madd` with the
@@ -49,13 +51,26 @@
 //! for the per-16 scales afterwards.
 
 use super::quant::GEMV_MIN_CHUNK;
-use super::quant_q8::{quantize_rows, Int8Path, Q8Rows, QK};
+use super::quant_q8::{quantize_rows, round_rows, Int8Path, Q8Rows, QK};
 use super::quant_rows::scale_min;
 use super::{bad_shape, exact_len, num_threads, KernelError};
 use rayon::prelude::*;
 use rlx_ir::QuantScheme;
 
 const OP: &str = "DequantMatMul";
+
+/// Most activation rows for which Q5_0 weights take the integer kernel;
+/// past it the rounded activations go through the f32 kernels (same
+/// numbers up to f32 rounding). Measured without this limit on a 2-vCPU
+/// Xeon under load (1 thread, 1024 and 2048 x 640, the Gemma-3-270M
+/// shapes; `bench` below), int8 over f32 time, VNNI / AVX2 paths:
+/// 0.27 / 0.33-0.36 at 4 rows,
+/// 0.57 / 0.74-0.77 at 8, 0.8-1.0 / 0.95-1.2 at 16, 0.97-1.24 / 1.44-1.51
+/// at 48: unpacking the fifth bit per weight block and activation tile
+/// costs more than the f32 path's once-per-tile dequantization once many
+/// rows share it. The K-quants stay on the integer kernels up to
+/// `INT_MAX_ROWS` (int8 over f32 time 0.6-0.9 at 16 rows, 0.75-1.1 at 48).
+pub const Q5_0_MAX_ROWS: usize = 16;
 
 /// Weight formats with an integer kernel here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,6 +185,10 @@ pub(crate) fn matmul_int8(
     if k == 0 {
         out.fill(0.0);
         return Ok(());
+    }
+    if kind == Kind::Q5_0 && m > Q5_0_MAX_ROWS {
+        let xh = round_rows(x, path != Int8Path::Scalar);
+        return super::quant::dequant_matmul(scheme, &xh, m, k, w, n, out, parallel);
     }
     let xq = quantize_rows(x, m, k, path != Int8Path::Scalar);
     let threads = if parallel { num_threads() } else { 1 };
@@ -1127,7 +1146,7 @@ mod tests {
             for &k in ks {
                 let mut shapes = vec![(1, 37), (3, 37), (5, 37)];
                 if k == 256 {
-                    shapes.extend([(1, 300), (48, 21)]);
+                    shapes.extend([(1, 300), (16, 21), (48, 21)]);
                 }
                 for (m, n) in shapes {
                     let w = random_w(kind, n, k, &mut rng);
@@ -1277,9 +1296,20 @@ mod tests {
         assert!(err.is_err());
     }
 
+    /// The active path's integer kernels (`rows`) on `x`, whatever `m`.
+    fn integer_kernels(kind: Kind, x: &[f32], m: usize, k: usize, w: &[u8], n: usize) -> Vec<f32> {
+        let path = Int8Path::active();
+        let rb = kind.scheme().row_bytes(k).unwrap();
+        let xq = quantize_rows(x, m, k, path != Int8Path::Scalar);
+        let mut yt = vec![f32::NAN; n * m];
+        rows(kind, w, rb, &xq, &mut yt, path);
+        (0..m * n).map(|e| yt[(e % n) * m + e / n]).collect()
+    }
+
     /// `DequantMatMul` with `Int8` activations reaches these kernels for
     /// these schemes (the f32 fallback would round differently), up to
-    /// `INT_MAX_ROWS` activation rows.
+    /// `INT_MAX_ROWS` activation rows (Q5_0: [`Q5_0_MAX_ROWS`], then the
+    /// f32 kernels on the rounded activations).
     #[test]
     fn int8_dequant_matmul_runs_these_kernels() {
         let mut rng = Lcg(21);
@@ -1287,7 +1317,13 @@ mod tests {
             let s = kind.scheme();
             assert!(super::super::quant_q8::has_integer_kernel(s));
             let (k, n) = (512, 40);
-            for m in [1, 4, super::super::quant_q8::INT_MAX_ROWS] {
+            for m in [
+                1,
+                4,
+                Q5_0_MAX_ROWS,
+                17,
+                super::super::quant_q8::INT_MAX_ROWS,
+            ] {
                 let w = random_w(kind, n, k, &mut rng);
                 let x = random_x(m * k, &mut rng);
                 let mut out = vec![0.0f32; m * n];
@@ -1303,13 +1339,21 @@ mod tests {
                     true,
                 )
                 .unwrap();
-                let want = run(kind, &x, m, k, &w, n, Int8Path::active(), true);
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&out), bits(&want), "{kind:?} m={m}");
                 let xh = round_rows(&x, false);
                 let mut f32_out = vec![0.0f32; m * n];
                 super::super::quant::dequant_matmul(s, &xh, m, k, &w, n, &mut f32_out, true)
                     .unwrap();
+                if kind == Kind::Q5_0 && m > Q5_0_MAX_ROWS {
+                    assert_eq!(
+                        bits(&out),
+                        bits(&f32_out),
+                        "{kind:?} m={m}: the f32 kernels"
+                    );
+                    continue;
+                }
+                let want = integer_kernels(kind, &x, m, k, &w, n);
+                assert_eq!(bits(&out), bits(&want), "{kind:?} m={m}");
                 assert_ne!(
                     bits(&out),
                     bits(&f32_out),
@@ -1347,11 +1391,18 @@ mod bench {
                 let at = if scheme == QuantScheme::Q6K { 208 } else { 0 };
                 blk[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_bits().to_le_bytes());
             }
-            let x: Vec<f32> = (0..k * 16)
+            let x: Vec<f32> = (0..k * 48)
                 .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
                 .collect();
-            let mut out = vec![0.0f32; n * 16];
-            for (m, parallel) in [(1, false), (1, true), (16, false)] {
+            let mut out = vec![0.0f32; n * 48];
+            for (m, parallel) in [
+                (1, false),
+                (1, true),
+                (4, false),
+                (8, false),
+                (16, false),
+                (48, false),
+            ] {
                 let (x, out) = (&x[..m * k], &mut out[..m * n]);
                 let mut best = [f64::INFINITY; 2];
                 for _ in 0..if m == 1 { 300 } else { 30 } {
