@@ -17,6 +17,7 @@ pub mod packed_gemm;
 pub mod quant;
 pub mod quant_panels;
 pub mod quant_q8;
+pub mod quant_q8k;
 pub mod quant_rows;
 pub mod recurrent;
 pub mod reduce;

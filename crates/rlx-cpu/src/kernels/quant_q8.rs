@@ -8,6 +8,9 @@
 //!   Q8_0 use the sign trick `|w| * sign(x, w)`), or in plain Rust on CPUs
 //!   without AVX2. Only the f32 accumulation of the per-block terms differs
 //!   between the two (order of additions).
+//! - Q5_0, Q4_K, Q5_K and Q6_K weights have the integer kernels of
+//!   [`super::quant_q8k`] (same activation blocks; Q5_0 up to
+//!   [`super::quant_q8k::Q5_0_MAX_ROWS`] rows).
 //! - Other schemes multiply the rounded activations `x̂ = d q` (as f32) with
 //!   the f32-activation kernels of [`super::quant`]: same numbers up to f32
 //!   rounding, no speed-up.
@@ -222,7 +225,7 @@ impl Int8Path {
 /// Whether `scheme` has an integer kernel here (else `Int8` activations
 /// are rounded and then multiplied in f32).
 pub fn has_integer_kernel(scheme: QuantScheme) -> bool {
-    Kind::of(scheme).is_some()
+    Kind::of(scheme).is_some() || super::quant_q8k::has_kernel(scheme)
 }
 
 /// `out [m, n] = x̂ [m, k] x W^T` where `x̂` is `x` rounded to Q8 blocks.
@@ -262,6 +265,9 @@ fn matmul_int8_isa(
             OP,
             format!("int8 activations need K ({k}) to be a multiple of {QK}"),
         ));
+    }
+    if m <= INT_MAX_ROWS && super::quant_q8k::has_kernel(scheme) {
+        return super::quant_q8k::matmul_int8(scheme, x, m, k, w, rb, n, out, parallel, path);
     }
     let Some(kind) = Kind::of(scheme).filter(|_| m <= INT_MAX_ROWS) else {
         let xh = round_rows(x, avx2);

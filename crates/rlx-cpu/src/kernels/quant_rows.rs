@@ -38,8 +38,27 @@ pub fn dequant_rows(
     dequantize(ty, bytes, n, out)
 }
 
+/// The 6-bit scale and min of sub-block `j` of a Q4_K / Q5_K super-block
+/// (`sc`: its 12 scale bytes). Plain Rust, so that the scalar int8 kernels
+/// of `quant_q8k` (any target) share it with the AVX2 decoders.
+///
+/// # Safety
+/// `sc` must point to 12 readable bytes and `j < 8`.
+#[inline]
+pub(crate) unsafe fn scale_min(sc: *const u8, j: usize) -> (u8, u8) {
+    if j < 4 {
+        (*sc.add(j) & 63, *sc.add(j + 4) & 63)
+    } else {
+        (
+            (*sc.add(j + 4) & 0x0F) | ((*sc.add(j - 4) >> 6) << 4),
+            (*sc.add(j + 4) >> 4) | ((*sc.add(j) >> 6) << 4),
+        )
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
+    pub(crate) use super::scale_min;
     use rlx_formats::GgmlType;
     use std::arch::x86_64::*;
 
@@ -180,23 +199,6 @@ pub(crate) mod x86 {
         for j in [0, 8, 16, 24] {
             let q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(2 + j) as *const __m128i));
             store_scaled(o.add(j), d, q);
-        }
-    }
-
-    /// The 6-bit scale and min of sub-block `j` of a Q4_K / Q5_K
-    /// super-block (`sc`: its 12 scale bytes).
-    ///
-    /// # Safety
-    /// `sc` must point to 12 readable bytes and `j < 8`.
-    #[inline]
-    pub(crate) unsafe fn scale_min(sc: *const u8, j: usize) -> (u8, u8) {
-        if j < 4 {
-            (*sc.add(j) & 63, *sc.add(j + 4) & 63)
-        } else {
-            (
-                (*sc.add(j + 4) & 0x0F) | ((*sc.add(j - 4) >> 6) << 4),
-                (*sc.add(j + 4) >> 4) | ((*sc.add(j) >> 6) << 4),
-            )
         }
     }
 
