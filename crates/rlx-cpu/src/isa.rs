@@ -42,9 +42,10 @@
 //! one block per tile instruction (16 activation rows x 32 bytes by 32 x
 //! 16 weights), stores the 16 x 16 exact integer sums and scales them in
 //! AVX-512 registers with the same f32 operations as the VNNI kernel, so
-//! the outputs are bit for bit those of `vpdpbusd` ([`amx_int8_active`]).
-//! Decode (one row) stays on VNNI: it is bound by memory, not by the dot
-//! products.
+//! the outputs are bit for bit those of `vpdpbusd`. Opt-in
+//! (`RLX_CPU_AMX_INT8=1`, see [`amx_int8_active`]): measured no faster
+//! than VNNI end to end. Decode (one row) stays on VNNI: it is bound by
+//! memory, not by the dot products.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -326,18 +327,28 @@ pub(crate) fn amx_disabled() -> bool {
     std::env::var("RLX_CPU_AMX").is_ok_and(|v| v.trim() == "0")
 }
 
-/// Whether the `Int8`-activation products of quantized weights in panels
-/// (`kernels::quant_panels`, Q4_0/Q4_1/Q8_0, 16 or more activation rows:
-/// prefill) run on AMX-INT8 tiles here: the CPU and OS have them, the
-/// AVX-512 kernels with VNNI are active, Linux granted the tile data and
-/// `RLX_CPU_AMX` is not `0`.
-pub fn amx_int8_active() -> bool {
+/// Whether the AMX-INT8 panel kernel can run here: the CPU and OS have the
+/// tiles, the AVX-512 kernels with VNNI are active, Linux granted the tile
+/// data and `RLX_CPU_AMX` is not `0` (tests run it whenever this holds).
+pub fn amx_int8_supported() -> bool {
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     if Isa::active() == Isa::Avx512 {
         let f = CpuFeatures::get();
         return f.amx_int8 && f.avx512vnni && !amx_disabled() && tile_data_granted();
     }
     false
+}
+
+/// Whether the `Int8`-activation products of quantized weights in panels
+/// (`kernels::quant_panels`, Q4_0/Q4_1/Q8_0, 16 or more activation rows:
+/// prefill) run on AMX-INT8 tiles: [`amx_int8_supported`] and the opt-in
+/// `RLX_CPU_AMX_INT8=1`. Off by default: on the 16-core Xeon (2026-12-05,
+/// SmolLM2 prefill of 128 tokens, 2 threads, three interleaved rounds)
+/// it measured level with `vpdpbusd` (999-1041 against 965-1039 tok/s):
+/// each block's 16 x 16 sums go through a tile store and are scaled in
+/// AVX-512 registers, and that scaling, not the dot products, bounds it.
+pub fn amx_int8_active() -> bool {
+    amx_int8_supported() && std::env::var("RLX_CPU_AMX_INT8").is_ok_and(|v| v.trim() == "1")
 }
 
 /// Whether the bf16 matmuls run on AMX tiles in this process (see the

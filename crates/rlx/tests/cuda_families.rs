@@ -4,7 +4,8 @@
 //! in CUDA thunks and hybrid mode:
 //!
 //! - sentence embedders (BERT with every pooling mode, GTE-like, XLM-R,
-//!   MPNet with relative position buckets): every case's token ids and
+//!   MPNet with relative position buckets, ModernBERT with rotary and
+//!   windowed local layers): every case's token ids and
 //!   embedding (cos >= 0.99999, max abs <= 1e-4), batched per prompt group;
 //! - GGUF decoders (Llama 3 with `rope_freqs`, Qwen3, Gemma 3): the last
 //!   position's logits within 1e-4 of max |logit| and the 24 greedy ids.
@@ -180,6 +181,8 @@ fn embedding_families_match_sentence_transformers_on_cuda() {
         "gte",
         "xlmr",
         "mpnet",
+        "modernbert",
+        "modernbert_bias",
     ] {
         check_embedder(name);
     }

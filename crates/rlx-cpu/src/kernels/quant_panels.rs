@@ -123,7 +123,7 @@ pub enum PanelPath {
     Vnni512,
     /// [`PanelPath::Vnni512`], with the `Int8` products of 16 or more
     /// activation rows on AMX-INT8 tiles (bit for bit the same outputs;
-    /// see [`crate::isa::amx_int8_active`]).
+    /// opt-in, see [`crate::isa::amx_int8_active`]).
     Amx,
     /// AVX2 + FMA + F16C on 256-bit registers: each record line's two
     /// halves (rows 0-7, 8-15) in two passes over the panel (the second
@@ -151,7 +151,7 @@ impl PanelPath {
         if Isa::Avx512.supported() && CpuFeatures::get().avx512vnni {
             v.push(PanelPath::Vnni512);
         }
-        if crate::isa::amx_int8_active() {
+        if crate::isa::amx_int8_supported() {
             v.push(PanelPath::Amx);
         }
         v
@@ -435,7 +435,7 @@ impl QuantPanels {
             let m16 = i.m / 16 * 16;
             if m16 > 0 {
                 let mut scratch = amx::Scratch::default();
-                // SAFETY: `Amx` is used only when `amx_int8_active()` (see
+                // SAFETY: `Amx` is used only when `amx_int8_supported()` (see
                 // `matmul_path`), which includes AVX-512 F/BW and VNNI; the
                 // tiles are configured on this thread before the panels and
                 // released after them; reads and writes as for

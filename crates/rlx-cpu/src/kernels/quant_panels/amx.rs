@@ -48,7 +48,7 @@ static CONFIG: TileConfig = TileConfig {
 /// Configures the calling thread's tiles for [`panel`].
 ///
 /// # Safety
-/// [`crate::isa::amx_int8_active`] returned true.
+/// [`crate::isa::amx_int8_supported`] returned true.
 pub(super) unsafe fn configure() {
     // SAFETY: the CPU has AMX-INT8 and the process holds the tile data
     // (caller); the operand is a valid 64-byte palette-1 configuration.
@@ -61,7 +61,7 @@ pub(super) unsafe fn configure() {
 /// context switch saves no tile data for it).
 ///
 /// # Safety
-/// [`crate::isa::amx_int8_active`] returned true.
+/// [`crate::isa::amx_int8_supported`] returned true.
 pub(super) unsafe fn release() {
     // SAFETY: as for `configure`.
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
