@@ -277,6 +277,28 @@ fn matmul_int8_isa(
     if kind.bb() * (k / QK) != rb {
         return Err(bad_shape(OP, format!("row bytes {rb} for K = {k}")));
     }
+    run_chunks(&xq, w, rb, n, out, parallel, |wc, o| {
+        rows(kind, wc, rb, &xq, o, path)
+    });
+    Ok(())
+}
+
+/// `out [m, n] = x̂ W^T` through `rows(weight rows, yt)`, which fills `yt`
+/// (`[rows, m]`, weight row major) for one chunk of weight rows: split
+/// over the rayon pool when `parallel`, then transposed into `out`. One
+/// activation row (decode) writes `out` directly, in chunks of a multiple
+/// of 4 rows holding at least `GEMV_MIN_CHUNK` multiply-adds; more rows
+/// in chunks of at least 16.
+pub(crate) fn run_chunks(
+    x: &Q8Rows,
+    w: &[u8],
+    rb: usize,
+    n: usize,
+    out: &mut [f32],
+    parallel: bool,
+    rows: impl Fn(&[u8], &mut [f32]) + Sync,
+) {
+    let (m, k) = (x.m, x.k);
     let threads = if parallel { num_threads() } else { 1 };
     if m == 1 {
         let per = n
@@ -284,29 +306,28 @@ fn matmul_int8_isa(
             .max(super::quant::GEMV_MIN_CHUNK / k)
             .next_multiple_of(4);
         if threads == 1 || per >= n {
-            rows(kind, w, rb, &xq, out, path);
+            rows(w, out);
         } else {
             out.par_chunks_mut(per)
                 .zip(w.par_chunks(per * rb))
-                .for_each(|(o, wc)| rows(kind, wc, rb, &xq, o, path));
+                .for_each(|(o, wc)| rows(wc, o));
         }
-        return Ok(());
+        return;
     }
     let mut yt = vec![0.0f32; n * m];
     let per = n.div_ceil(threads * 8).max(16).next_multiple_of(4);
     if threads == 1 || per >= n {
-        rows(kind, w, rb, &xq, &mut yt, path);
+        rows(w, &mut yt);
     } else {
         yt.par_chunks_mut(per * m)
             .zip(w.par_chunks(per * rb))
-            .for_each(|(o, wc)| rows(kind, wc, rb, &xq, o, path));
+            .for_each(|(o, wc)| rows(wc, o));
     }
     for (i, orow) in out.chunks_exact_mut(n).enumerate() {
         for (j, o) in orow.iter_mut().enumerate() {
             *o = yt[j * m + i];
         }
     }
-    Ok(())
 }
 
 /// `yt [rows, m] = W rows x x̂^T` for the `rows = w.len() / rb` weight rows

@@ -50,11 +50,9 @@
 //! i16 scales on both: `vpdpbusd` would need a 32-bit multiply (2 uops)
 //! for the per-16 scales afterwards.
 
-use super::quant::GEMV_MIN_CHUNK;
-use super::quant_q8::{quantize_rows, round_rows, Int8Path, Q8Rows, QK};
+use super::quant_q8::{quantize_rows, round_rows, run_chunks, Int8Path, Q8Rows, QK};
 use super::quant_rows::scale_min;
-use super::{bad_shape, exact_len, num_threads, KernelError};
-use rayon::prelude::*;
+use super::{bad_shape, exact_len, KernelError};
 use rlx_ir::QuantScheme;
 
 const OP: &str = "DequantMatMul";
@@ -191,35 +189,9 @@ pub(crate) fn matmul_int8(
         return super::quant::dequant_matmul(scheme, &xh, m, k, w, n, out, parallel);
     }
     let xq = quantize_rows(x, m, k, path != Int8Path::Scalar);
-    let threads = if parallel { num_threads() } else { 1 };
-    if m == 1 {
-        let per = n
-            .div_ceil(threads * 4)
-            .max(GEMV_MIN_CHUNK / k)
-            .next_multiple_of(4);
-        if threads == 1 || per >= n {
-            rows(kind, w, rb, &xq, out, path);
-        } else {
-            out.par_chunks_mut(per)
-                .zip(w.par_chunks(per * rb))
-                .for_each(|(o, wc)| rows(kind, wc, rb, &xq, o, path));
-        }
-        return Ok(());
-    }
-    let mut yt = vec![0.0f32; n * m];
-    let per = n.div_ceil(threads * 8).max(16).next_multiple_of(4);
-    if threads == 1 || per >= n {
-        rows(kind, w, rb, &xq, &mut yt, path);
-    } else {
-        yt.par_chunks_mut(per * m)
-            .zip(w.par_chunks(per * rb))
-            .for_each(|(o, wc)| rows(kind, wc, rb, &xq, o, path));
-    }
-    for (i, orow) in out.chunks_exact_mut(n).enumerate() {
-        for (j, o) in orow.iter_mut().enumerate() {
-            *o = yt[j * m + i];
-        }
-    }
+    run_chunks(&xq, w, rb, n, out, parallel, |wc, o| {
+        rows(kind, wc, rb, &xq, o, path)
+    });
     Ok(())
 }
 
