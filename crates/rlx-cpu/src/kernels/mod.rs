@@ -7,6 +7,8 @@
 //! `parallel` flag; `run_op` parallelizes them over rows with rayon when the
 //! work is at least [`PAR_MIN_ELEMS`] elements.
 
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod amx_tiles;
 pub mod attention;
 pub mod elementwise;
 pub mod fma_peak;

@@ -1422,18 +1422,10 @@ mod amx {
     use std::arch::asm;
     use std::sync::OnceLock;
 
-    /// `ldtilecfg`'s 64-byte operand, palette 1: tiles 0-3 are C (16 rows
-    /// of 16 f32), 4-5 A (16 rows of 32 bf16), 6-7 B (16 pair rows of 16
-    /// columns); every row 64 bytes.
-    #[repr(C, align(64))]
-    struct TileConfig {
-        palette: u8,
-        start_row: u8,
-        reserved: [u8; 14],
-        colsb: [u16; 16],
-        rows: [u8; 16],
-    }
+    use crate::kernels::amx_tiles::TileConfig;
 
+    /// Palette 1: tiles 0-3 are C (16 rows of 16 f32), 4-5 A (16 rows of 32
+    /// bf16), 6-7 B (16 pair rows of 16 columns); every row 64 bytes.
     static CONFIG: TileConfig = TileConfig {
         palette: 1,
         start_row: 0,
@@ -1463,10 +1455,8 @@ mod amx {
     /// [`usable`] returned true.
     pub unsafe fn configure() {
         // SAFETY: the CPU has AMX and the process holds the tile state
-        // (caller); the operand is a valid 64-byte palette-1 config.
-        unsafe {
-            asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly));
-        }
+        // (caller); CONFIG is a valid palette-1 configuration.
+        unsafe { crate::kernels::amx_tiles::load(&CONFIG) }
     }
 
     /// Returns the calling thread's tiles to their initial state (so that
@@ -1476,7 +1466,7 @@ mod amx {
     /// [`usable`] returned true.
     pub unsafe fn release() {
         // SAFETY: as for `configure`.
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        unsafe { crate::kernels::amx_tiles::release() }
     }
 
     /// `C[0..R, 0..32] = A[0..R, 0..2kp] · B` for `R` = 32 (`tall`) or 16:

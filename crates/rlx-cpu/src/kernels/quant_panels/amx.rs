@@ -21,18 +21,9 @@
 //! contents between the `asm!` blocks of one [`panel`] call.
 
 use super::{Args, Kind, QuantPanels, PANEL, QK};
+use crate::kernels::amx_tiles::TileConfig;
 use std::arch::asm;
 use std::arch::x86_64::*;
-
-/// `ldtilecfg`'s 64-byte operand.
-#[repr(C, align(64))]
-struct TileConfig {
-    palette: u8,
-    start_row: u8,
-    reserved: [u8; 14],
-    colsb: [u16; 16],
-    rows: [u8; 16],
-}
 
 /// Palette 1: tmm0-3 = C (16 activation rows x 16 i32: the sums of up
 /// to four consecutive blocks), tmm4-5 = A (16 activation rows x 32
@@ -51,10 +42,8 @@ static CONFIG: TileConfig = TileConfig {
 /// [`crate::isa::amx_int8_supported`] returned true.
 pub(super) unsafe fn configure() {
     // SAFETY: the CPU has AMX-INT8 and the process holds the tile data
-    // (caller); the operand is a valid 64-byte palette-1 configuration.
-    unsafe {
-        asm!("ldtilecfg [{}]", in(reg) &CONFIG as *const TileConfig, options(nostack, readonly));
-    }
+    // (caller); CONFIG is a valid palette-1 configuration.
+    unsafe { crate::kernels::amx_tiles::load(&CONFIG) }
 }
 
 /// Returns the calling thread's tiles to their initial state (so that a
@@ -64,7 +53,7 @@ pub(super) unsafe fn configure() {
 /// [`crate::isa::amx_int8_supported`] returned true.
 pub(super) unsafe fn release() {
     // SAFETY: as for `configure`.
-    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    unsafe { crate::kernels::amx_tiles::release() }
 }
 
 /// The 16 x 16 integer sums of `G` (4 or 1) consecutive blocks into `c`
