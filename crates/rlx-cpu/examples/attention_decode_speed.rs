@@ -63,6 +63,7 @@ fn run() {
             k_row_stride: hkv * d,
             v_row_stride: hkv * d,
             out_row_stride: hq * d,
+            bf16: false,
         };
         let mut times = Vec::new();
         for _ in 0..40 {

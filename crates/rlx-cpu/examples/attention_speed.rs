@@ -1,19 +1,22 @@
 //! Time of one MiniLM-sized attention call (q/k/v read out of a packed QKV
-//! buffer, all-ones keep-mask), single- and multi-threaded. A timing aid;
+//! buffer, all-ones keep-mask), single- and multi-threaded, in f32 and bf16;
+//! the batch is the first argument (default 1), `f32` or `bf16` as the
+//! second runs only that one. A timing aid;
 //! asserts nothing.
 use rlx_cpu::kernels::attention::{attention, AttentionParams, AttnMask};
 use rlx_ir::MaskKind;
 use std::time::Instant;
 
 fn main() {
-    let (b, s, h, d) = (1usize, 128usize, 12usize, 32usize);
+    let b: usize = std::env::args().nth(1).map_or(1, |a| a.parse().unwrap());
+    let (s, h, d) = (128usize, 12usize, 32usize);
     let w = h * d;
     let qkv: Vec<f32> = (0..b * s * 3 * w)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
         .collect();
     let mask = vec![1f32; b * s];
     let mut out = vec![0f32; b * s * w];
-    let p = AttentionParams {
+    let mut p = AttentionParams {
         batch: b,
         seq_q: s,
         seq_k: s,
@@ -27,8 +30,17 @@ fn main() {
         k_row_stride: 3 * w,
         v_row_stride: 3 * w,
         out_row_stride: w,
+        bf16: false,
     };
-    for parallel in [false, true] {
+    let only = std::env::args().nth(2);
+    for (parallel, bf16) in [(false, false), (true, false), (false, true), (true, true)] {
+        if only
+            .as_deref()
+            .is_some_and(|o| o != if bf16 { "bf16" } else { "f32" })
+        {
+            continue;
+        }
+        p.bf16 = bf16;
         let mut times = Vec::new();
         for _ in 0..200 {
             let t0 = Instant::now();
@@ -48,7 +60,7 @@ fn main() {
         let flops = 4.0 * (b * h * s * s * d) as f64;
         let med = times[times.len() / 2];
         println!(
-            "parallel={parallel}: median {med:.4} ms, {:.1} GFLOP/s",
+            "parallel={parallel} bf16={bf16}: median {med:.4} ms, {:.1} GFLOP/s",
             flops / med / 1e6
         );
     }

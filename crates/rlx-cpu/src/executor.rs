@@ -25,6 +25,9 @@ struct PackedParams {
     /// Quantized weights of `DequantMatMul`s in 16-row panels
     /// ([`kernels::quant_panels`]), on CPUs with AVX512-VNNI.
     panels: HashMap<NodeId, Arc<QuantPanels>>,
+    /// Products in bf16 ([`CpuOptions::bf16`]): the `gemm` packings are
+    /// bf16 pairs, and attention multiplies in bf16 too.
+    bf16: bool,
 }
 
 /// How to compile a graph for the CPU.
@@ -49,14 +52,16 @@ pub struct CpuOptions {
     pub f16_weights: bool,
     /// Multiply with matmul weights in bf16: the packed weights and, per
     /// call, the activations they multiply are rounded to bf16, products
-    /// accumulate in f32 (`vdpbf16ps` on CPUs with AVX512-BF16, a portable
-    /// kernel adding in the same order elsewhere: same results). Half the
-    /// weight bytes, 8 significant bits per operand (MiniLM embeddings keep
-    /// a cosine >= 0.9999 to PyTorch's). Not faster than f32 on the CPUs
-    /// measured: on the 16-core Sapphire Rapids Xeon MiniLM runs 1.3-1.6x
-    /// the f32 time with `vdpbf16ps` (not profiled further), and the
-    /// portable kernel is ~2.5x slower than f32 on Zen 3. Takes
-    /// precedence over `f16_weights`. Off by default.
+    /// accumulate in f32 (`vdpbf16ps` on CPUs with AVX512-BF16, AMX tiles
+    /// where present, a portable kernel adding in the same order
+    /// elsewhere). Attention over 16 or more query rows multiplies in bf16
+    /// too (its softmax stays f32). Half the weight bytes, 8 significant
+    /// bits per operand (MiniLM embeddings keep a cosine >= 0.9999 to
+    /// PyTorch's). Faster than f32 where bf16 products issue at twice the
+    /// f32 FMA rate (Zen 4's `vdpbf16ps`, AMX): MiniLM 32x128 at 0.6x the
+    /// f32 time on a 2-vCPU Zen 4; on Intel cores without AMX `vdpbf16ps`
+    /// runs at the f32 rate, and the portable kernel is ~2.5x slower than
+    /// f32 (Zen 3). Takes precedence over `f16_weights`. Off by default.
     pub bf16: bool,
     /// After every step, check each f32 tensor it wrote for NaN and
     /// infinities, and fail the run with [`RuntimeError::NonFinite`] naming
@@ -511,7 +516,7 @@ fn run_thunk(
             let panels = &packed.panels[id];
             kernels::run_dequant_panels(&node.op, &ins, &shapes, panels, out, &node.shape)
         }
-        _ => kernels::run_op(&node.op, &ins, &shapes, out, &node.shape),
+        _ => kernels::run_op_with(&node.op, &ins, &shapes, out, &node.shape, packed.bf16),
     };
     result.map_err(|e| RuntimeError::Kernel {
         node: node.id,
@@ -805,7 +810,10 @@ impl CpuModel {
             dirty: true,
             packable,
             panelable,
-            packed: PackedParams::default(),
+            packed: PackedParams {
+                bf16: opts.bf16,
+                ..PackedParams::default()
+            },
             stale: HashSet::new(),
             pool,
             check_finite: opts.check_finite || check_finite_from_env(),

@@ -918,6 +918,7 @@ fn decode_attention_chunks_combine_exactly_on_any_thread_count() {
         k_row_stride: hkv * d,
         v_row_stride: hkv * d,
         out_row_stride: hq * d,
+        bf16: false,
     };
     let want = naive_attention(&c, &q, &k, &v, Some(&keep), None);
     let run = |threads: usize, v: &[f32], parallel: bool| {
@@ -996,6 +997,7 @@ fn attention_reads_packed_qkv() {
         k_row_stride: 3 * w,
         v_row_stride: 3 * w,
         out_row_stride: w,
+        bf16: false,
     };
     let mut out = vec![f32::NAN; b * s * w];
     attention(
@@ -1022,6 +1024,89 @@ fn attention_reads_packed_qkv() {
         true
     )
     .is_err());
+}
+
+/// `AttentionParams::bf16` (the opt-in bf16 precision): the packed path's
+/// two products take bf16 operands, so the output equals exact attention
+/// over bf16-rounded q, k and v up to the probabilities' own rounding to
+/// bf16 (relative 2^-9 each, so at most ~2^-9 max|v| on an output), for
+/// padded keep-masks, causal and sliding-window masks and GQA; and it
+/// really differs from the f32 path.
+#[test]
+fn attention_in_bf16_matches_exact_attention_over_rounded_operands() {
+    use rlx_cpu::kernels::attention::{attention, AttentionParams, AttnMask};
+    use rlx_cpu::kernels::packed_gemm::bf16_bits;
+    let round = |x: &[f32]| -> Vec<f32> {
+        x.iter()
+            .map(|&v| f32::from_bits(u32::from(bf16_bits(v)) << 16))
+            .collect()
+    };
+    let mut rng = Rng::new(41);
+    for (b, s, hq, hkv, d, kind) in [
+        (3, 40, 4, 4, 32, MaskKind::Custom),
+        (2, 37, 6, 2, 64, MaskKind::Causal),
+        (1, 70, 2, 1, 16, MaskKind::SlidingWindow(20)),
+    ] {
+        let (q, k, v) = (
+            rng.vec(b * s * hq * d, 2.0),
+            rng.vec(b * s * hkv * d, 2.0),
+            rng.vec(b * s * hkv * d, 1.0),
+        );
+        // Batch row 1 pads its last 9 keys.
+        let keep: Vec<f32> = (0..b * s)
+            .map(|i| (i / s != 1 || i % s < s - 9) as u8 as f32)
+            .collect();
+        let mask = || match kind {
+            MaskKind::Custom => AttnMask::KeepF32(&keep),
+            _ => AttnMask::None,
+        };
+        let c = AttnCase {
+            b,
+            sq: s,
+            sk: s,
+            hq,
+            hkv,
+            d,
+            kind,
+            scale: None,
+            softcap: None,
+        };
+        let keep_arg = matches!(kind, MaskKind::Custom).then_some(&keep[..]);
+        let want = naive_attention(&c, &round(&q), &round(&k), &round(&v), keep_arg, None);
+        let mut p = AttentionParams {
+            batch: b,
+            seq_q: s,
+            seq_k: s,
+            num_heads: hq,
+            num_kv_heads: hkv,
+            head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+            softcap: None,
+            mask_kind: kind,
+            q_row_stride: hq * d,
+            k_row_stride: hkv * d,
+            v_row_stride: hkv * d,
+            out_row_stride: hq * d,
+            bf16: true,
+        };
+        let mut got = vec![f32::NAN; b * s * hq * d];
+        attention(&p, &q, &k, &v, mask(), &mut got, true).unwrap();
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(&g, &w)| (g as f64 - w).abs())
+            .fold(0.0, f64::max);
+        assert!(worst <= 4e-3, "{kind:?} d{d}: max abs error {worst:e}");
+        p.bf16 = false;
+        let mut exact = vec![f32::NAN; b * s * hq * d];
+        attention(&p, &q, &k, &v, mask(), &mut exact, true).unwrap();
+        let moved = got
+            .iter()
+            .zip(&exact)
+            .map(|(&g, &e)| (g - e).abs())
+            .fold(0.0, f32::max);
+        assert!(moved > 1e-4, "{kind:?}: bf16 changed nothing ({moved:e})");
+    }
 }
 
 // ---------------------------------------------------------------- rope

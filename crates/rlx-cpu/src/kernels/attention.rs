@@ -6,7 +6,7 @@
 //! `h / (Hq / Hkv)`; a query row whose keys are all masked outputs zeros.
 
 use super::matmul::gemm_strided;
-use super::packed_gemm::{gemm_packed_window, PackedB, NR};
+use super::packed_gemm::{gemm_packed_window, prefetch, PackedB, NR};
 use super::simd::{self, simd_dispatch};
 use super::softmax::scale as scale_slice;
 use super::{bad_shape, need_len, num_threads, KernelError, PAR_MIN_ELEMS};
@@ -43,6 +43,12 @@ pub struct AttentionParams {
     pub v_row_stride: usize,
     /// Elements between consecutive output rows, >= Hq*D.
     pub out_row_stride: usize,
+    /// Multiply `q . k` and probabilities times `v` in bf16 (operands
+    /// rounded to bf16, exact products, f32 sums: the opt-in bf16
+    /// precision of the matmuls, `CpuOptions::bf16`) where the packed
+    /// path runs (`S_q >= 16` query rows: prefill and encoders). The
+    /// softmax stays in f32, and so do the few-query paths (decode).
+    pub bf16: bool,
 }
 
 /// The mask operand of an attention call.
@@ -653,13 +659,31 @@ unsafe fn attend_head_packed(
         if klo >= khi {
             s.out.fill(0.0);
         } else {
+            // This head's query rows lie a row stride apart (often a page
+            // or more): fetch each block's rows ahead of its product.
+            let fetch_q = |i0: usize| {
+                for r in i0..(i0 + PACKED_ROWS).min(sq) {
+                    prefetch(
+                        q.as_ptr()
+                            .wrapping_add((b * sq + r) * p.q_row_stride + h * d),
+                        d,
+                    );
+                }
+            };
+            fetch_q(0);
             let ko = b * sk * p.k_row_stride + hk * d;
             let vo = b * sk * p.v_row_stride + hk * d;
-            s.kt.repack_strided(&k[ko..], d, khi, 1, p.k_row_stride)?;
-            s.v.repack_strided(&v[vo..], khi, d, p.v_row_stride, 1)?;
+            if p.bf16 {
+                s.kt.repack_strided_bf16(&k[ko..], d, khi, 1, p.k_row_stride)?;
+                s.v.repack_strided_bf16(&v[vo..], khi, d, p.v_row_stride, 1)?;
+            } else {
+                s.kt.repack_strided(&k[ko..], d, khi, 1, p.k_row_stride)?;
+                s.v.repack_strided(&v[vo..], khi, d, p.v_row_stride, 1)?;
+            }
             let mut i0 = 0;
             while i0 < sq {
                 let rows = PACKED_ROWS.min(sq - i0);
+                fetch_q(i0 + PACKED_ROWS);
                 let lo = key_range(p.mask_kind, i0, sq, sk).0;
                 let hi = key_range(p.mask_kind, i0 + rows - 1, sq, sk).1.min(khi);
                 if lo < hi {

@@ -476,8 +476,23 @@ pub fn run_op(
     op: &Op,
     inputs: &[In<'_>],
     in_shapes: &[&Shape],
+    out: Out<'_>,
+    out_shape: &Shape,
+) -> Result<(), KernelError> {
+    run_op_with(op, inputs, in_shapes, out, out_shape, false)
+}
+
+/// [`run_op`], with `bf16` asking for bf16 products in the ops that have
+/// them beyond the matmuls: `Attention` (see
+/// [`attention::AttentionParams::bf16`]). The executor passes its
+/// `CpuOptions::bf16`.
+pub fn run_op_with(
+    op: &Op,
+    inputs: &[In<'_>],
+    in_shapes: &[&Shape],
     mut out: Out<'_>,
     out_shape: &Shape,
+    bf16: bool,
 ) -> Result<(), KernelError> {
     let name = op.name();
     match op {
@@ -686,6 +701,7 @@ pub fn run_op(
                 k_row_stride: kd[2],
                 v_row_stride: kd[2],
                 out_row_stride: qd[2],
+                bf16,
             };
             let o = f32_out(name, &mut out)?;
             attention::attention(&p, q, k, v, mask, o, true)

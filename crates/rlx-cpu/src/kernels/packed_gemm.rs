@@ -39,6 +39,29 @@ const PANELS_PER_TASK: usize = 8;
 /// Below this many multiply-adds one thread does the whole product.
 const PAR_MIN_MACS: usize = 1 << 17;
 
+/// Rows ahead that a strided repack prefetches: attention reads one head's
+/// columns out of rows a page or more apart (a packed QKV buffer), where
+/// the hardware prefetchers do not follow.
+const PREFETCH_ROWS: usize = 8;
+
+/// Hint the caches to fetch the `len` floats at `p`. Only a hint: it never
+/// faults and reads nothing, so any address may be passed.
+#[inline(always)]
+pub(crate) fn prefetch(p: *const f32, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for e in (0..len).step_by(16) {
+        // SAFETY: a prefetch is a hint that never faults, whatever the
+        // address, and the SSE it needs is part of x86-64.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                p.wrapping_add(e).cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
+}
+
 /// One 16-float panel row, aligned to a cache line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
@@ -130,12 +153,14 @@ impl PackedB {
             let dst = &mut self.rows[panel * k..(panel + 1) * k];
             if cs == 1 {
                 for (p, row) in dst.iter_mut().enumerate() {
+                    prefetch(b.as_ptr().wrapping_add((p + PREFETCH_ROWS) * rs + j0), w);
                     row.0[..w].copy_from_slice(&b[p * rs + j0..p * rs + j0 + w]);
                 }
             } else if rs == 1 {
                 // A transposed read (K^T of a head): column j is contiguous
                 // in b, so walk it and scatter into lane j of each row.
                 for j in 0..w {
+                    prefetch(b.as_ptr().wrapping_add((j0 + j + PREFETCH_ROWS) * cs), k);
                     let col = &b[(j0 + j) * cs..(j0 + j) * cs + k];
                     for (row, &x) in dst.iter_mut().zip(col) {
                         row.0[j] = x;
@@ -146,6 +171,95 @@ impl PackedB {
                     for (j, x) in row.0[..w].iter_mut().enumerate() {
                         *x = b[p * rs + (j0 + j) * cs];
                     }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::repack_strided`] straight into bf16 row pairs (the layout of
+    /// [`Self::to_bf16`], every element rounded by [`bf16_bits`]), reusing
+    /// the allocation: attention's `K^T` and `V` per head in bf16 mode.
+    pub fn repack_strided_bf16(
+        &mut self,
+        b: &[f32],
+        k: usize,
+        n: usize,
+        rs: usize,
+        cs: usize,
+    ) -> Result<(), KernelError> {
+        if k > 0 && n > 0 {
+            let last = (k - 1)
+                .checked_mul(rs)
+                .and_then(|x| x.checked_add((n - 1).checked_mul(cs)?))
+                .ok_or_else(|| bad_shape(OP, "B extent overflows"))?;
+            need_len(OP, "B", b.len(), last + 1)?;
+        }
+        let (panels, kp) = (n.div_ceil(NR), k.div_ceil(2));
+        self.k = k;
+        self.n = n;
+        self.rows.clear();
+        self.half.clear();
+        self.pairs.resize(panels * kp, PanelPairBf16([0; 2 * NR]));
+        self.pairs.truncate(panels * kp);
+        let at = |p: usize, j: usize| {
+            if p < k && j < n {
+                b[p * rs + j * cs]
+            } else {
+                0.0
+            }
+        };
+        for panel in 0..panels {
+            let j0 = panel * NR;
+            let whole = j0 + NR <= n;
+            let dst = &mut self.pairs[panel * kp..(panel + 1) * kp];
+            if rs == 1 && whole {
+                // K^T of a head: column j is key row j, whose elements
+                // (2q, 2q + 1) are adjacent: one rounded dword per pair.
+                let mut halves = [0u16; 128];
+                for j in 0..NR {
+                    prefetch(b.as_ptr().wrapping_add((j0 + j + PREFETCH_ROWS) * cs), k);
+                    let col = &b[(j0 + j) * cs..(j0 + j) * cs + k];
+                    for (q0, chunk) in col.chunks(128).enumerate() {
+                        let got = chunk.len().div_ceil(2);
+                        round_bf16(chunk, &mut halves[..2 * got]);
+                        for (pair, two) in dst[q0 * 64..].iter_mut().zip(halves.chunks_exact(2)) {
+                            pair.0[2 * j] = two[0];
+                            pair.0[2 * j + 1] = two[1];
+                        }
+                    }
+                }
+                continue;
+            }
+            if cs == 1 && whole {
+                // Row-major rows (V of a head): rows 2q and 2q + 1 give
+                // one cache line of pairs.
+                let zero = [0f32; NR];
+                for (q, pair) in dst.iter_mut().enumerate() {
+                    prefetch(
+                        b.as_ptr().wrapping_add((2 * q + PREFETCH_ROWS) * rs + j0),
+                        NR,
+                    );
+                    prefetch(
+                        b.as_ptr()
+                            .wrapping_add((2 * q + 1 + PREFETCH_ROWS) * rs + j0),
+                        NR,
+                    );
+                    let row = |p: usize| -> &[f32] {
+                        if p < k {
+                            &b[p * rs + j0..p * rs + j0 + NR]
+                        } else {
+                            &zero
+                        }
+                    };
+                    interleave_bf16(row(2 * q), row(2 * q + 1), &mut pair.0);
+                }
+                continue;
+            }
+            for (q, pair) in dst.iter_mut().enumerate() {
+                for j in 0..NR {
+                    pair.0[2 * j] = bf16_bits(at(2 * q, j0 + j));
+                    pair.0[2 * j + 1] = bf16_bits(at(2 * q + 1, j0 + j));
                 }
             }
         }
@@ -384,23 +498,10 @@ pub fn gemm_packed_with(
         run_all(&[]);
         return Ok(());
     }
-    // bf16: the activations rounded once per call, row r at `r * 2kp`
-    // (a zero pad element for odd k), into this thread's buffer. A task
-    // stolen while this one waits may call here again on the same thread:
-    // it then uses a buffer of its own.
-    A16.with(|cell| {
-        let mut own = Vec::new();
-        let mut held = cell.try_borrow_mut();
-        let lines = match held.as_mut() {
-            Ok(b) => &mut **b,
-            Err(_) => &mut own,
-        };
+    // bf16: the activations rounded once per call (a zero pad element for
+    // odd k), into this thread's buffer.
+    with_a16(m, k, |buf| {
         let row16 = 2 * k.div_ceil(2);
-        // Whole 64-byte lines, so that rows of a multiple of 32 elements
-        // start on line boundaries (AMX tile loads read 64-byte rows).
-        lines.clear();
-        lines.resize((m * row16).div_ceil(32), A16Line([0; 32]));
-        let buf = &mut bytemuck::cast_slice_mut::<A16Line, u16>(lines)[..m * row16];
         let round = |(r, dst): (usize, &mut [u16])| round_bf16(&a[r * lda..r * lda + k], dst);
         if threads > 1 {
             buf.par_chunks_mut(row16).enumerate().for_each(round);
@@ -491,6 +592,11 @@ impl Partition {
 /// `C[m, cols] = A[m, k1 - k0] x B[k0..k1, col0..col0 + cols]`, where
 /// `col0` is a multiple of [`NR`] and C's row stride is `ldc`. Attention uses
 /// it to read only the visible keys of a head packed once.
+///
+/// With a bf16 packing, A's rows are rounded to bf16 first, as
+/// [`gemm_packed`] does, and `k0` must be even (B is stored in row pairs).
+/// An odd depth pairs A's last element with a zero, so row `k1` of B (when
+/// it exists) is multiplied by zero: it must be finite.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_packed_window(
     m: usize,
@@ -502,10 +608,10 @@ pub fn gemm_packed_window(
     c: &mut [f32],
     ldc: usize,
 ) -> Result<(), KernelError> {
-    if b.is_bf16() {
+    if b.is_bf16() && k0 % 2 != 0 {
         return Err(bad_shape(
             OP,
-            "a bf16 packing is multiplied whole (gemm_packed), not by windows",
+            format!("a bf16 window starts on an even row (row pairs), not {k0}"),
         ));
     }
     if k0 > k1 || k1 > b.k || col0 % NR != 0 || col0 + cols > b.n {
@@ -531,25 +637,59 @@ pub fn gemm_packed_window(
     if k > 0 {
         need_len(OP, "A", a.len(), (m - 1) * lda + k)?;
     }
-    let job = Job {
-        m,
-        k,
-        k0,
-        pan0: col0 / NR,
-        n: cols,
-        a,
-        lda,
-        a16: &[],
-        b,
-        ldc,
-        bias: None,
-        act: None,
-        isa: Isa::active(),
+    let cptr = SharedC(c.as_mut_ptr());
+    let run = |a16: &[u16]| {
+        let job = Job {
+            m,
+            k,
+            k0,
+            pan0: col0 / NR,
+            n: cols,
+            a,
+            lda,
+            a16,
+            b,
+            ldc,
+            bias: None,
+            act: None,
+            isa: Isa::active(),
+        };
+        // SAFETY: one task covering all of C, whose extent is checked above
+        // and which the `&mut` borrow makes exclusive.
+        unsafe { job.block(cptr, 0, m, 0, cols.div_ceil(NR)) };
     };
-    // SAFETY: one task covering all of C, whose extent is checked above and
-    // which the `&mut` borrow makes exclusive.
-    unsafe { job.block(SharedC(c.as_mut_ptr()), 0, m, 0, cols.div_ceil(NR)) };
+    if b.is_bf16() && k > 0 {
+        with_a16(m, k, |buf| {
+            for (r, dst) in buf.chunks_mut(2 * k.div_ceil(2)).enumerate() {
+                round_bf16(&a[r * lda..r * lda + k], dst);
+            }
+            run(buf);
+        });
+    } else {
+        run(&[]);
+    }
     Ok(())
+}
+
+/// Run `f` on this thread's buffer for `m` rows of `k` activations in
+/// bf16, row `r` at `r * 2 * k.div_ceil(2)` (whole 64-byte lines, so that
+/// rows of a multiple of 32 elements start on line boundaries, as AMX tile
+/// loads read 64-byte rows). A task stolen while this one waits inside `f`
+/// may call here again on the same thread: it then uses a buffer of its
+/// own.
+fn with_a16(m: usize, k: usize, f: impl FnOnce(&mut [u16])) {
+    A16.with(|cell| {
+        let mut own = Vec::new();
+        let mut held = cell.try_borrow_mut();
+        let lines = match held.as_mut() {
+            Ok(b) => &mut **b,
+            Err(_) => &mut own,
+        };
+        let row16 = 2 * k.div_ceil(2);
+        lines.clear();
+        lines.resize((m * row16).div_ceil(32), A16Line([0; 32]));
+        f(&mut bytemuck::cast_slice_mut::<A16Line, u16>(lines)[..m * row16]);
+    });
 }
 
 /// C's base pointer, shared by tasks that write disjoint elements.
@@ -676,8 +816,9 @@ impl Job<'_> {
     /// for bit except where a sum is subnormal (the instruction flushes it).
     ///
     /// # Safety
-    /// As for [`Job::block`]; `self.k0 == 0`, `self.pan0 == 0` and `a16`
-    /// holds the rounded rows (only [`gemm_packed_with`] builds bf16 jobs).
+    /// As for [`Job::block`]; `self.k0` is even and `a16` holds the
+    /// rounded rows (as [`gemm_packed_with`] and [`gemm_packed_window`]
+    /// build bf16 jobs).
     unsafe fn block_bf16(&self, c: SharedC, r0: usize, r1: usize, p0: usize, p1: usize) {
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         if self.isa == Isa::Avx512 && self.k.is_multiple_of(32) && amx::usable() {
@@ -705,8 +846,10 @@ impl Job<'_> {
         amx::configure();
         let mut panel = p0;
         while panel + 2 <= p1 && (panel + 2) * NR <= self.n {
-            let b0 = self.b.pairs[panel * kp..].as_ptr().cast::<u8>();
-            let b1 = self.b.pairs[(panel + 1) * kp..].as_ptr().cast::<u8>();
+            let b0 = self.b.pairs[self.pair_at(panel)..].as_ptr().cast::<u8>();
+            let b1 = self.b.pairs[self.pair_at(panel + 1)..]
+                .as_ptr()
+                .cast::<u8>();
             let mut r = r0;
             while r + 16 <= r1 {
                 let tall = r + 32 <= r1;
@@ -748,9 +891,13 @@ impl Job<'_> {
             while panel < p1 {
                 let two = panel + 1 < p1;
                 let cols = (if two { 2 * NR } else { NR }).min(self.n - panel * NR);
-                let b0 = self.b.pairs[panel * kp + pc..].as_ptr().cast::<u16>();
+                let b0 = self.b.pairs[self.pair_at(panel) + pc..]
+                    .as_ptr()
+                    .cast::<u16>();
                 let b1 = if two {
-                    self.b.pairs[(panel + 1) * kp + pc..].as_ptr().cast::<u16>()
+                    self.b.pairs[self.pair_at(panel + 1) + pc..]
+                        .as_ptr()
+                        .cast::<u16>()
                 } else {
                     b0
                 };
@@ -773,6 +920,12 @@ impl Job<'_> {
             }
             pc += kc2;
         }
+    }
+
+    /// Index into `self.b.pairs` of this job's first row pair (B row
+    /// `k0`, an even row) of C panel `panel`.
+    fn pair_at(&self, panel: usize) -> usize {
+        (self.pan0 + panel) * self.b.k.div_ceil(2) + self.k0 / 2
     }
 
     /// Rows of the tallest micro-tile of this ISA.
@@ -945,15 +1098,42 @@ thread_local! {
     static A16: std::cell::RefCell<Vec<A16Line>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// `dst[i] = bf16(a[i])` ([`bf16_bits`]); elements of `dst` past
+/// `a.len()` are set to zero. `vcvtne2ps2bf16` where the CPU has
+/// AVX512-BF16 (the same rounding), else [`round_bf16_lanes`].
+fn round_bf16(a: &[f32], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::active() == Isa::Avx512 && crate::isa::CpuFeatures::get().avx512bf16 {
+        // SAFETY: the CPU has AVX-512 F/BW and BF16 (checked just above).
+        unsafe { avx512bf16::round(a, dst) };
+        return;
+    }
+    round_bf16_lanes(a, dst);
+}
+
 super::simd::simd_dispatch! {
-    /// `dst[i] = bf16(a[i])` ([`bf16_bits`]); elements of `dst` past
-    /// `a.len()` are set to zero.
-    fn round_bf16(a: &[f32], dst: &mut [u16]) {
+    /// [`round_bf16`] lane by lane.
+    fn round_bf16_lanes(a: &[f32], dst: &mut [u16]) {
         for (d, &x) in dst.iter_mut().zip(a) {
             *d = bf16_bits(x);
         }
         for d in dst.iter_mut().skip(a.len()) {
             *d = 0;
+        }
+    }
+}
+
+super::simd::simd_dispatch! {
+    /// One row pair of a panel: `dst[2j] = bf16(lo[j])`,
+    /// `dst[2j + 1] = bf16(hi[j])` for the panel's 16 columns.
+    fn interleave_bf16(lo: &[f32], hi: &[f32], dst: &mut [u16; 2 * NR]) {
+        let mut words = [0u32; NR];
+        for ((w, &l), &h) in words.iter_mut().zip(lo).zip(hi) {
+            *w = u32::from(bf16_bits(l)) | u32::from(bf16_bits(h)) << 16;
+        }
+        for (j, w) in words.iter().enumerate() {
+            dst[2 * j] = *w as u16;
+            dst[2 * j + 1] = (*w >> 16) as u16;
         }
     }
 }
@@ -1398,6 +1578,46 @@ mod avx512bf16 {
         }
     }
 
+    /// [`super::round_bf16`] with `vcvtne2ps2bf16`, 32 elements a step.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F/BW and BF16.
+    #[target_feature(enable = "avx512bf16,avx512f,avx512bw,avx512vl,avx2,fma")]
+    pub unsafe fn round(a: &[f32], dst: &mut [u16]) {
+        let n = a.len().min(dst.len());
+        let mut i = 0;
+        while i + 32 <= n {
+            // SAFETY: i + 32 <= n bounds both reads and the write.
+            let lo = _mm512_loadu_ps(a.as_ptr().add(i));
+            let hi = _mm512_loadu_ps(a.as_ptr().add(i + 16));
+            let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+            _mm512_storeu_si512(dst.as_mut_ptr().add(i).cast(), v);
+            i += 32;
+        }
+        if i < n {
+            let m = (1u32 << (n - i).min(16)) - 1;
+            let m = m as u16;
+            let lo = _mm512_maskz_loadu_ps(m, a.as_ptr().add(i));
+            let rest = n - i;
+            let m2 = if rest > 16 {
+                ((1u32 << (rest - 16)) - 1) as u16
+            } else {
+                0
+            };
+            let hi = _mm512_maskz_loadu_ps(m2, a.as_ptr().add(i + 16));
+            let v: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi, lo));
+            let mask = if rest == 32 {
+                u32::MAX
+            } else {
+                (1u32 << rest) - 1
+            };
+            _mm512_mask_storeu_epi16(dst.as_mut_ptr().add(i).cast(), mask, v);
+        }
+        for d in &mut dst[n..] {
+            *d = 0;
+        }
+    }
+
     /// [`tile`] for 1..=12 rows.
     pub const TILE: [Tile; super::BF16_MR] = [
         tile::<1>, tile::<2>, tile::<3>, tile::<4>, tile::<5>, tile::<6>, tile::<7>, tile::<8>,
@@ -1828,8 +2048,81 @@ mod tests {
         }
         let packed = PackedB::pack(&fill(12, 1), 3, 4, 4).unwrap().to_bf16();
         let mut c = vec![0f32; 8];
-        let window = gemm_packed_window(2, &[0.0; 6], 3, &packed, (0, 3), (0, 4), &mut c, 4);
-        assert!(window.is_err(), "windows of a bf16 packing are refused");
+        let window = gemm_packed_window(2, &[0.0; 6], 3, &packed, (1, 3), (0, 4), &mut c, 4);
+        assert!(window.is_err(), "a bf16 window must start on a row pair");
+    }
+
+    #[test]
+    fn strided_bf16_repack_equals_the_rounded_f32_packing() {
+        // K^T of a head (rs = 1) and V (cs = 1) as attention packs them,
+        // plus a general stride, with ragged panels and odd depths.
+        for &(k, n, rs, cs) in &[
+            (32, 128, 1, 1152),
+            (64, 37, 1, 200),
+            (33, 48, 1, 40),
+            (128, 32, 1152, 1),
+            (37, 40, 50, 1),
+            (9, 20, 3, 31),
+        ] {
+            let b = fill((k - 1) * rs + (n - 1) * cs + 1, (k + n) as u32);
+            let mut f32p = PackedB::empty();
+            f32p.repack_strided(&b, k, n, rs, cs).unwrap();
+            let want = f32p.to_bf16();
+            // Reuse an allocation holding other contents, as attention does.
+            let mut got = PackedB::pack(&fill(300, 9), 10, 30, 30).unwrap().to_bf16();
+            got.repack_strided_bf16(&b, k, n, rs, cs).unwrap();
+            assert!(got.is_bf16() && !got.is_f16() && (got.k(), got.n()) == (k, n));
+            assert!(
+                got.pairs.iter().zip(&want.pairs).all(|(x, y)| x.0 == y.0)
+                    && got.pairs.len() == want.pairs.len(),
+                "k{k} n{n} rs{rs} cs{cs}: bits differ from to_bf16"
+            );
+        }
+        let mut p = PackedB::empty();
+        assert!(p.repack_strided_bf16(&[0.0; 10], 4, 4, 1, 4).is_err());
+    }
+
+    #[test]
+    fn bf16_window_matches_the_rounded_product() {
+        // Attention's two products in bf16: scores = Q x K^T over a key
+        // window, then P x V over a row window starting on a panel.
+        let round = |x: f32| f32::from_bits(u32::from(bf16_bits(x)) << 16);
+        let (keys, dims, ks) = (70, 32, 100);
+        let kmat = fill(keys * ks, 31);
+        let mut kt = PackedB::empty();
+        kt.repack_strided_bf16(&kmat, dims, keys, 1, ks).unwrap();
+        let mut v = PackedB::empty();
+        v.repack_strided_bf16(&kmat, keys, dims, ks, 1).unwrap();
+        let m = 19;
+        let a = fill(m * ks, 32);
+        let kt_at = |p: usize, j: usize| kmat[j * ks + p];
+        let v_at = |p: usize, j: usize| kmat[p * ks + j];
+        type Case<'a> = (
+            &'a PackedB,
+            usize,
+            usize,
+            usize,
+            usize,
+            &'a dyn Fn(usize, usize) -> f32,
+        );
+        let cases: [Case; 2] = [(&kt, 0, dims, 16, 54, &kt_at), (&v, 16, 69, 0, dims, &v_at)];
+        for (bt, k0, k1, col0, cols, at) in cases {
+            let k = k1 - k0;
+            let mut c = vec![f32::NAN; m * cols];
+            gemm_packed_window(m, &a, ks, bt, (k0, k1), (col0, cols), &mut c, cols).unwrap();
+            for i in 0..m {
+                for j in 0..cols {
+                    let want: f64 = (0..k)
+                        .map(|p| round(a[i * ks + p]) as f64 * round(at(k0 + p, col0 + j)) as f64)
+                        .sum();
+                    let got = c[i * cols + j] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                        "k {k0}..{k1} cols {col0}+{cols} ({i},{j}): {got} vs {want}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
