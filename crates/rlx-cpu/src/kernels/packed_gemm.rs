@@ -62,6 +62,18 @@ pub(crate) fn prefetch(p: *const f32, len: usize) {
     let _ = (p, len);
 }
 
+/// That `B[p, j] = b[p * rs + j * cs]` for `p < k`, `j < n` lies inside `b`.
+fn check_extent(b: &[f32], k: usize, n: usize, rs: usize, cs: usize) -> Result<(), KernelError> {
+    if k > 0 && n > 0 {
+        let last = (k - 1)
+            .checked_mul(rs)
+            .and_then(|x| x.checked_add((n - 1).checked_mul(cs)?))
+            .ok_or_else(|| bad_shape(OP, "B extent overflows"))?;
+        need_len(OP, "B", b.len(), last + 1)?;
+    }
+    Ok(())
+}
+
 /// One 16-float panel row, aligned to a cache line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
@@ -124,13 +136,7 @@ impl PackedB {
         rs: usize,
         cs: usize,
     ) -> Result<(), KernelError> {
-        if k > 0 && n > 0 {
-            let last = (k - 1)
-                .checked_mul(rs)
-                .and_then(|x| x.checked_add((n - 1).checked_mul(cs)?))
-                .ok_or_else(|| bad_shape(OP, "B extent overflows"))?;
-            need_len(OP, "B", b.len(), last + 1)?;
-        }
+        check_extent(b, k, n, rs, cs)?;
         let panels = n.div_ceil(NR);
         self.k = k;
         self.n = n;
@@ -188,13 +194,7 @@ impl PackedB {
         rs: usize,
         cs: usize,
     ) -> Result<(), KernelError> {
-        if k > 0 && n > 0 {
-            let last = (k - 1)
-                .checked_mul(rs)
-                .and_then(|x| x.checked_add((n - 1).checked_mul(cs)?))
-                .ok_or_else(|| bad_shape(OP, "B extent overflows"))?;
-            need_len(OP, "B", b.len(), last + 1)?;
-        }
+        check_extent(b, k, n, rs, cs)?;
         let (panels, kp) = (n.div_ceil(NR), k.div_ceil(2));
         self.k = k;
         self.n = n;
