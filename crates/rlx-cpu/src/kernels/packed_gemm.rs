@@ -2131,6 +2131,40 @@ mod tests {
     }
 
     #[test]
+    fn bf16_products_do_not_see_an_earlier_products_activations() {
+        // The thread's bf16 activation buffer is reused without clearing:
+        // a product after a larger one (odd k: a pad element per row) must
+        // give the bits it gives on a fresh thread.
+        // The larger product's activations round to bf16 infinity, so a
+        // stale element read as the pad (times B's zero pad row) gives NaN.
+        let run = |m: usize, k: usize, n: usize, seed: u32, parallel: bool| {
+            let a = match seed {
+                0 => vec![f32::MAX; m * k],
+                _ => fill(m * k, seed),
+            };
+            let b = PackedB::pack(&fill(k * n, seed + 1), k, n, n)
+                .unwrap()
+                .to_bf16();
+            let mut c = vec![f32::NAN; m * n];
+            gemm_packed(m, &a, k, &b, &mut c, n, None, None, parallel).unwrap();
+            c
+        };
+        for parallel in [false, true] {
+            let fresh = std::thread::spawn(move || run(13, 33, 40, 7, parallel))
+                .join()
+                .unwrap();
+            let after = std::thread::spawn(move || {
+                run(64, 1536, 48, 0, parallel);
+                run(13, 33, 40, 7, parallel)
+            })
+            .join()
+            .unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fresh), bits(&after), "parallel = {parallel}");
+        }
+    }
+
+    #[test]
     fn activation_epilogue_applies_after_bias() {
         let (m, k, n) = (9, 20, 35);
         let a = fill(m * k, 4);
