@@ -6,7 +6,9 @@
 //! `h / (Hq / Hkv)`; a query row whose keys are all masked outputs zeros.
 
 use super::matmul::gemm_strided;
-use super::packed_gemm::{gemm_packed_window, prefetch, PackedB, NR};
+use super::packed_gemm::{
+    gemm_packed_window, gemm_packed_window_a16, prefetch, round_bf16, PackedB, NR,
+};
 use super::simd::{self, simd_dispatch};
 use super::softmax::scale as scale_slice;
 use super::{bad_shape, need_len, num_threads, KernelError, PAR_MIN_ELEMS};
@@ -228,6 +230,10 @@ simd_dispatch! {
     /// `klo..klo+nk`) into normalized probabilities: scale, softcap, mask,
     /// softmax. Keys outside a row's visible range, and rows with no
     /// visible key, get probability 0.
+    ///
+    /// With `inv`, rows are left unnormalized (`e^(s - max)`) and `inv[r]`
+    /// gets `1 / sum` (0 for a row with no visible key), for the caller to
+    /// scale the row's `d`-wide output instead of its `nk` probabilities.
     fn probs_rows(
         p: &AttentionParams,
         mask: &AttnMask<'_>,
@@ -237,7 +243,13 @@ simd_dispatch! {
         h: usize,
         i0: usize,
         klo: usize,
+        inv: Option<&mut [f32]>,
     ) {
+        let mut inv = inv;
+        let mut finish = |r: usize, sc: &mut [f32], total: f32| match inv.as_deref_mut() {
+            Some(inv) => inv[r] = 1.0 / total,
+            None => scale_slice(sc, 1.0 / total),
+        };
         let (sq, sk) = (p.seq_q, p.seq_k);
         // No mask operand (callers pass `None` when every key of the window
         // is kept), no softcap, positive scale: the single-pass form below.
@@ -249,6 +261,7 @@ simd_dispatch! {
             let hi = hi.min(klo + nk);
             if lo >= hi {
                 row.fill(0.0);
+                finish(r, row, f32::INFINITY);
                 continue;
             }
             let (l, u) = (lo - klo, hi - klo);
@@ -268,7 +281,7 @@ simd_dispatch! {
                         *s = simd::exp_nonpos_m::<M>(M::fma(*s, p.scale, -ms));
                     }
                     let total = M::sum(sc);
-                    scale_slice(sc, 1.0 / total);
+                    finish(r, sc, total);
                     continue;
                 }
             }
@@ -276,10 +289,11 @@ simd_dispatch! {
             let m = simd::max_slice(sc);
             if m == f32::NEG_INFINITY {
                 sc.fill(0.0);
+                finish(r, sc, f32::INFINITY);
                 continue;
             }
             let total = super::softmax::exp_sub_sum_inplace::<M>(sc, m);
-            scale_slice(sc, 1.0 / total);
+            finish(r, sc, total);
         }
     }
 }
@@ -528,7 +542,7 @@ fn attend_block(
             false,
             false,
         )?;
-        probs_rows(p, mask, scores, nk, b, h, i0, klo);
+        probs_rows(p, mask, scores, nk, b, h, i0, klo, None);
         // out[r, h] = sum_j P[r, j] v[klo + j]
         gemm_strided(
             rows,
@@ -574,7 +588,7 @@ simd_dispatch! {
         let k0 = (b * sk + klo) * p.k_row_stride + hk * d;
         M::dot_rows(qh, &k[k0..], p.k_row_stride, scores);
         let nk = scores.len();
-        probs_rows(p, mask, scores, nk, b, h, i0, klo);
+        probs_rows(p, mask, scores, nk, b, h, i0, klo, None);
         out.fill(0.0);
         let v0 = (b * sk + klo) * p.v_row_stride + hk * d;
         M::weighted_rows(scores, &v[v0..], p.v_row_stride, out);
@@ -592,6 +606,10 @@ struct HeadScratch {
     v: PackedB,
     scores: Vec<f32>,
     out: Vec<f32>,
+    /// bf16 jobs: a block's unnormalized probabilities in bf16, and each
+    /// row's `1 / sum`.
+    p16: Vec<u16>,
+    inv: Vec<f32>,
 }
 
 thread_local! {
@@ -600,6 +618,8 @@ thread_local! {
         v: PackedB::empty(),
         scores: Vec::new(),
         out: Vec::new(),
+        p16: Vec::new(),
+        inv: Vec::new(),
     });
 }
 
@@ -702,17 +722,37 @@ unsafe fn attend_head_packed(
                         &mut s.scores,
                         nk,
                     )?;
-                    probs_rows(p, mask, &mut s.scores, nk, b, h, i0, col0);
-                    gemm_packed_window(
-                        rows,
-                        &s.scores,
-                        nk,
-                        &s.v,
-                        (col0, col0 + nk),
-                        (0, d),
-                        &mut s.out[i0 * d..],
-                        d,
-                    )?;
+                    let out = &mut s.out[i0 * d..(i0 + rows) * d];
+                    if p.bf16 {
+                        // Probabilities rounded while hot, normalized in the
+                        // d-wide output rows instead of the nk-wide ones.
+                        s.inv.resize(rows, 0.0);
+                        probs_rows(p, mask, &mut s.scores, nk, b, h, i0, col0, Some(&mut s.inv));
+                        let nk16 = 2 * nk.div_ceil(2);
+                        s.p16.resize(rows * nk16, 0);
+                        for (src, dst) in
+                            s.scores.chunks_exact(nk).zip(s.p16.chunks_exact_mut(nk16))
+                        {
+                            round_bf16(src, dst);
+                        }
+                        let window = (col0, col0 + nk);
+                        gemm_packed_window_a16(rows, &s.p16, &s.v, window, (0, d), out, d)?;
+                        for (row, &f) in out.chunks_exact_mut(d).zip(&s.inv) {
+                            scale_slice(row, f);
+                        }
+                    } else {
+                        probs_rows(p, mask, &mut s.scores, nk, b, h, i0, col0, None);
+                        gemm_packed_window(
+                            rows,
+                            &s.scores,
+                            nk,
+                            &s.v,
+                            (col0, col0 + nk),
+                            (0, d),
+                            out,
+                            d,
+                        )?;
+                    }
                 } else {
                     s.out[i0 * d..(i0 + rows) * d].fill(0.0);
                 }

@@ -608,6 +608,66 @@ pub fn gemm_packed_window(
     c: &mut [f32],
     ldc: usize,
 ) -> Result<(), KernelError> {
+    check_window(m, b, (k0, k1), (col0, cols), c.len(), ldc)?;
+    let k = k1 - k0;
+    if m == 0 || cols == 0 {
+        return Ok(());
+    }
+    if lda < k {
+        return Err(bad_shape(OP, format!("A row stride {lda} below k {k}")));
+    }
+    if k > 0 {
+        need_len(OP, "A", a.len(), (m - 1) * lda + k)?;
+    }
+    if b.is_bf16() && k > 0 {
+        with_a16(m, k, |buf| {
+            for (r, dst) in buf.chunks_mut(2 * k.div_ceil(2)).enumerate() {
+                round_bf16(&a[r * lda..r * lda + k], dst);
+            }
+            window_job(m, a, lda, buf, b, (k0, k1), (col0, cols), c, ldc);
+        });
+    } else {
+        window_job(m, a, lda, &[], b, (k0, k1), (col0, cols), c, ldc);
+    }
+    Ok(())
+}
+
+/// [`gemm_packed_window`] against a bf16 packing with A already in bf16:
+/// row `r` of A at `a16[r * 2 * (k1 - k0).div_ceil(2)..]`, an odd depth's
+/// pad element zero (as [`round_bf16`] leaves it). Attention's
+/// probabilities take this form, rounded while they are hot.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_window_a16(
+    m: usize,
+    a16: &[u16],
+    b: &PackedB,
+    (k0, k1): (usize, usize),
+    (col0, cols): (usize, usize),
+    c: &mut [f32],
+    ldc: usize,
+) -> Result<(), KernelError> {
+    if !b.is_bf16() {
+        return Err(bad_shape(OP, "bf16 activations against an f32 packing"));
+    }
+    check_window(m, b, (k0, k1), (col0, cols), c.len(), ldc)?;
+    let k = k1 - k0;
+    if m == 0 || cols == 0 {
+        return Ok(());
+    }
+    need_len(OP, "bf16 A", a16.len(), m * 2 * k.div_ceil(2))?;
+    window_job(m, &[], 0, a16, b, (k0, k1), (col0, cols), c, ldc);
+    Ok(())
+}
+
+/// The checks of a window product that do not concern A.
+fn check_window(
+    m: usize,
+    b: &PackedB,
+    (k0, k1): (usize, usize),
+    (col0, cols): (usize, usize),
+    c_len: usize,
+    ldc: usize,
+) -> Result<(), KernelError> {
     if b.is_bf16() && k0 % 2 != 0 {
         return Err(bad_shape(
             OP,
@@ -623,52 +683,50 @@ pub fn gemm_packed_window(
             ),
         ));
     }
-    let k = k1 - k0;
     if m == 0 || cols == 0 {
         return Ok(());
     }
-    if ldc < cols || lda < k {
+    if ldc < cols {
         return Err(bad_shape(
             OP,
-            format!("row strides A {lda} / C {ldc} below k {k} / columns {cols}"),
+            format!("C row stride {ldc} below columns {cols}"),
         ));
     }
-    need_len(OP, "C", c.len(), (m - 1) * ldc + cols)?;
-    if k > 0 {
-        need_len(OP, "A", a.len(), (m - 1) * lda + k)?;
-    }
-    let cptr = SharedC(c.as_mut_ptr());
-    let run = |a16: &[u16]| {
-        let job = Job {
-            m,
-            k,
-            k0,
-            pan0: col0 / NR,
-            n: cols,
-            a,
-            lda,
-            a16,
-            b,
-            ldc,
-            bias: None,
-            act: None,
-            isa: Isa::active(),
-        };
-        // SAFETY: one task covering all of C, whose extent is checked above
-        // and which the `&mut` borrow makes exclusive.
-        unsafe { job.block(cptr, 0, m, 0, cols.div_ceil(NR)) };
+    need_len(OP, "C", c_len, (m - 1) * ldc + cols)
+}
+
+/// One serial job over all of a checked window's C.
+#[allow(clippy::too_many_arguments)]
+fn window_job(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    a16: &[u16],
+    b: &PackedB,
+    (k0, k1): (usize, usize),
+    (col0, cols): (usize, usize),
+    c: &mut [f32],
+    ldc: usize,
+) {
+    let job = Job {
+        m,
+        k: k1 - k0,
+        k0,
+        pan0: col0 / NR,
+        n: cols,
+        a,
+        lda,
+        a16,
+        b,
+        ldc,
+        bias: None,
+        act: None,
+        isa: Isa::active(),
     };
-    if b.is_bf16() && k > 0 {
-        with_a16(m, k, |buf| {
-            for (r, dst) in buf.chunks_mut(2 * k.div_ceil(2)).enumerate() {
-                round_bf16(&a[r * lda..r * lda + k], dst);
-            }
-            run(buf);
-        });
-    } else {
-        run(&[]);
-    }
-    Ok(())
+    // SAFETY: one task covering all of C, whose extent the caller checked
+    // (`check_window`) and which the `&mut` borrow makes exclusive; A (f32
+    // or bf16, whichever the packing reads) was checked by the caller too.
+    unsafe { job.block(SharedC(c.as_mut_ptr()), 0, m, 0, cols.div_ceil(NR)) };
 }
 
 /// Run `f` on this thread's buffer for `m` rows of `k` activations in
@@ -1106,7 +1164,7 @@ thread_local! {
 /// `dst[i] = bf16(a[i])` ([`bf16_bits`]); elements of `dst` past
 /// `a.len()` are set to zero. `vcvtne2ps2bf16` where the CPU has
 /// AVX512-BF16 (the same rounding), else [`round_bf16_lanes`].
-fn round_bf16(a: &[f32], dst: &mut [u16]) {
+pub(crate) fn round_bf16(a: &[f32], dst: &mut [u16]) {
     #[cfg(target_arch = "x86_64")]
     if Isa::active() == Isa::Avx512 && crate::isa::CpuFeatures::get().avx512bf16 {
         // SAFETY: the CPU has AVX-512 F/BW and BF16 (checked just above).
@@ -2162,6 +2220,40 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&fresh), bits(&after), "parallel = {parallel}");
         }
+    }
+
+    #[test]
+    fn window_over_bf16_activations_gives_the_rounding_windows_bits() {
+        // Attention hands its probabilities over already in bf16: the
+        // product must be the one the f32 entry point gives after rounding
+        // them itself, odd depths (a zero pad per row) included.
+        let (keys, dims, ks) = (70, 32, 100);
+        let vmat = fill(keys * ks, 41);
+        let mut v = PackedB::empty();
+        v.repack_strided_bf16(&vmat, keys, dims, ks, 1).unwrap();
+        for (m, k0, k1) in [(19, 16, 69), (64, 0, 70), (1, 2, 3), (5, 0, 0)] {
+            let k = k1 - k0;
+            let a = fill(m * k.max(1), 42);
+            let mut a16 = vec![u16::MAX; m * 2 * k.div_ceil(2)];
+            for (r, dst) in a16.chunks_mut(2 * k.div_ceil(2).max(1)).enumerate() {
+                round_bf16(&a[r * k..r * k + k], dst);
+            }
+            let mut want = vec![f32::NAN; m * dims];
+            gemm_packed_window(m, &a, k.max(1), &v, (k0, k1), (0, dims), &mut want, dims).unwrap();
+            let mut got = vec![f32::NAN; m * dims];
+            gemm_packed_window_a16(m, &a16, &v, (k0, k1), (0, dims), &mut got, dims).unwrap();
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "m {m} rows {k0}..{k1}");
+        }
+        let mut c = vec![0f32; 4 * dims];
+        let short = vec![0u16; 4 * 8 - 1];
+        let err = gemm_packed_window_a16(4, &short, &v, (0, 8), (0, dims), &mut c, dims);
+        assert!(err.unwrap_err().to_string().contains("bf16 A"));
+        let f32_packed = PackedB::pack(&vmat, keys, dims, ks).unwrap();
+        let err = gemm_packed_window_a16(4, &[0; 32], &f32_packed, (0, 8), (0, dims), &mut c, dims);
+        assert!(err.unwrap_err().to_string().contains("f32 packing"));
+        let err = gemm_packed_window_a16(4, &[0; 32], &v, (1, 9), (0, dims), &mut c, dims);
+        assert!(err.unwrap_err().to_string().contains("even row"));
     }
 
     #[test]
