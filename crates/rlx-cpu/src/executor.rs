@@ -5,6 +5,7 @@ use crate::arena::{region, region_mut, split_io, Region};
 use crate::fused::{FusedCompiler, FusedPlan, Scratch};
 use crate::kernels::packed_gemm::PackedB;
 use crate::kernels::quant_panels::{panels_wanted, QuantPanels};
+use crate::kernels::team::{self, Team};
 use crate::kernels::{self, In};
 use rlx_ir::{Graph, Node, NodeId, Op, Tensor, TensorData};
 use rlx_runtime::bind::{
@@ -732,6 +733,9 @@ pub struct CpuModel {
     stale: HashSet<String>,
     /// The shared pool of `opts.threads` workers (see [`shared_pool`]).
     pool: Option<Arc<rayon::ThreadPool>>,
+    /// The spinning team of as many threads that runs the small loops of
+    /// a decode step ([`crate::kernels::team`]); `None` on one thread.
+    team: Option<Arc<Team>>,
     /// Scratch of the compiled segments, shared with the models made by
     /// [`CpuModel::compile_sharing`].
     scratch: Arc<Scratch>,
@@ -816,6 +820,8 @@ impl CpuModel {
             },
             stale: HashSet::new(),
             pool,
+            // Inside the pool here: its thread count.
+            team: team::shared_team(rayon::current_num_threads()),
             check_finite: opts.check_finite || check_finite_from_env(),
             scratch: Arc::default(),
             opts: opts.clone(),
@@ -1154,8 +1160,10 @@ impl Executable for CpuModel {
     }
 
     fn run(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {
-        let pool = self.pool.clone();
-        on_pool(pool.as_deref(), || self.run_inner(inputs))
+        let (pool, team) = (self.pool.clone(), self.team.clone());
+        on_pool(pool.as_deref(), || {
+            team::with_team(team.as_ref(), || self.run_inner(inputs))
+        })
     }
 
     fn report(&self) -> &PlanReport {

@@ -345,7 +345,7 @@ const QUERY_CHUNK: usize = 32;
 /// half a million multiply-adds here: SmolLM2's decode attention (9 heads
 /// of 64, 64-192 keys) measured 16-19 us per layer split over 2 threads of
 /// the 16-core Xeon, for ~0.1 M multiply-adds.
-const ONE_QUERY_PAR_MIN: usize = 1 << 19;
+const ONE_QUERY_PAR_MIN: usize = 1 << 15;
 
 simd_dispatch! {
     /// Keys `j0..j0 + n` (`n <= QUERY_CHUNK`) of the single query row of
@@ -437,7 +437,15 @@ fn attention_one_query(
     let chunks = nk.div_ceil(QUERY_CHUNK);
     let slot = hq * (d + 2);
     QUERY_PARTS.with(|cell| {
-        let parts = &mut *cell.borrow_mut();
+        // A model run that this thread picks up while it waits for the
+        // loop below (rayon steals whole runs of other models on the
+        // same pool) may call here again: it then uses a buffer of its own.
+        let mut own = Vec::new();
+        let mut held = cell.try_borrow_mut();
+        let parts = match held.as_mut() {
+            Ok(b) => &mut **b,
+            Err(_) => &mut own,
+        };
         parts.resize(chunks * slot, 0.0);
         let run = |(c, part): (usize, &mut [f32])| {
             let j0 = klo + c * QUERY_CHUNK;
@@ -445,9 +453,8 @@ fn attention_one_query(
             one_query_chunk(p, q, k, v, &mask, j0, n, part);
         };
         let work = hq * nk * d * 2;
-        if parallel && chunks > 1 && num_threads() > 1 && work >= ONE_QUERY_PAR_MIN {
-            use rayon::prelude::*;
-            parts.par_chunks_mut(slot).enumerate().for_each(run);
+        if parallel && chunks > 1 && super::team::threads() > 1 && work >= ONE_QUERY_PAR_MIN {
+            super::team::for_each_chunk_mut(parts, slot, |c, part| run((c, part)));
         } else {
             parts.chunks_mut(slot).enumerate().for_each(run);
         }
@@ -612,15 +619,31 @@ struct HeadScratch {
     inv: Vec<f32>,
 }
 
+impl HeadScratch {
+    fn new() -> HeadScratch {
+        HeadScratch {
+            kt: PackedB::empty(),
+            v: PackedB::empty(),
+            scores: Vec::new(),
+            out: Vec::new(),
+            p16: Vec::new(),
+            inv: Vec::new(),
+        }
+    }
+}
+
 thread_local! {
-    static HEAD_SCRATCH: std::cell::RefCell<HeadScratch> = std::cell::RefCell::new(HeadScratch {
-        kt: PackedB::empty(),
-        v: PackedB::empty(),
-        scores: Vec::new(),
-        out: Vec::new(),
-        p16: Vec::new(),
-        inv: Vec::new(),
-    });
+    static HEAD_SCRATCH: std::cell::RefCell<HeadScratch> = std::cell::RefCell::new(HeadScratch::new());
+}
+
+/// `f` with this thread's [`HeadScratch`], or with a fresh one when this
+/// thread already holds it: a task stolen while the holder waits inside a
+/// parallel product may call here again.
+fn with_head_scratch<R>(f: impl FnOnce(&mut HeadScratch) -> R) -> R {
+    HEAD_SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        Err(_) => f(&mut HeadScratch::new()),
+    })
 }
 
 /// The output's base pointer, shared by (batch, head) tasks that write
@@ -671,8 +694,7 @@ unsafe fn attend_head_packed(
         _ => {}
     }
     let mask = &window_mask(mask, b * sk + klo, b * sk + khi.max(klo));
-    HEAD_SCRATCH.with(|cell| {
-        let s = &mut *cell.borrow_mut();
+    with_head_scratch(|s| {
         // Rows with keys to attend to are written in full below; rows with
         // none are zeroed where they are skipped (no clearing up front).
         s.out.resize(sq * d, 0.0);
@@ -811,8 +833,7 @@ fn attention_by_head(
             let (bi, h) = (t / hq, t % hq);
             let (b, i0) = (bi / per_batch, bi % per_batch * blk);
             let rows = blk.min(sq - i0);
-            HEAD_SCRATCH.with(|cell| {
-                let s = &mut *cell.borrow_mut();
+            with_head_scratch(|s| {
                 s.out.resize(rows * d, 0.0);
                 let dst = (&mut s.out[..], d);
                 attend_block(p, q, k, v, mask, dst, h..h + 1, b, i0, rows, &mut s.scores)?;

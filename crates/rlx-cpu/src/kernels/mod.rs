@@ -26,6 +26,7 @@ pub mod reduce;
 pub mod rope;
 pub mod simd;
 pub mod softmax;
+pub mod team;
 
 use rayon::prelude::*;
 use rlx_ir::{infer::infer_shape, DType, Op, Shape};

@@ -214,12 +214,20 @@ fn gemv_with(
     }
     // A few chunks per thread, each at least GEMV_MIN_CHUNK multiply-adds.
     let rows_per_chunk = n
-        .div_ceil(num_threads() * 4)
+        .div_ceil(super::team::threads() * 4)
         .max(GEMV_MIN_CHUNK / k.max(1))
         .max(1);
-    out.par_chunks_mut(rows_per_chunk)
-        .zip(w.par_chunks(rows_per_chunk * rb))
-        .try_for_each(|(o, wr)| gemv_rows(&ctx, wr, o))
+    let failed = std::sync::Mutex::new(None);
+    super::team::for_each_chunk_mut(out, rows_per_chunk, |i, o| {
+        let wr = &w[i * rows_per_chunk * rb..][..o.len() * rb];
+        if let Err(e) = gemv_rows(&ctx, wr, o) {
+            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// `out[r] = dot(x, dequant(w row r))` for the rows of one chunk.

@@ -52,9 +52,8 @@ use super::quant_q8::{quantize_rows, QK};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod amx;
-use super::{bad_shape, num_threads, KernelError};
+use super::{bad_shape, KernelError};
 use crate::isa::{CpuFeatures, Isa};
-use rayon::prelude::*;
 use rlx_ir::{ActivationPrecision, QuantScheme};
 
 const OP: &str = "DequantMatMul";
@@ -375,7 +374,7 @@ impl QuantPanels {
             },
         };
         let np = self.n.div_ceil(PANEL);
-        let threads = if parallel { num_threads() } else { 1 };
+        let threads = if parallel { super::team::threads() } else { 1 };
         // At least ~64K multiply-adds per task: a smaller one costs more in
         // wake-ups than it saves.
         let min_panels = (65536 / (PANEL * self.k * m)).max(1);
@@ -391,11 +390,7 @@ impl QuantPanels {
         if threads == 1 || per >= np {
             run(0);
         } else {
-            (0..np)
-                .step_by(per)
-                .collect::<Vec<_>>()
-                .into_par_iter()
-                .for_each(run);
+            super::team::for_each(np.div_ceil(per), |t| run(t * per));
         }
         Ok(())
     }

@@ -28,9 +28,8 @@
 //! faster at 128 rows, 10-60% slower at 16-32). The numbers are the same up
 //! to f32 rounding either way.
 
-use super::{bad_shape, num_threads, KernelError};
+use super::{bad_shape, KernelError};
 use crate::isa::Isa;
-use rayon::prelude::*;
 use rlx_ir::QuantScheme;
 
 const OP: &str = "DequantMatMul";
@@ -299,7 +298,7 @@ pub(crate) fn run_chunks(
     rows: impl Fn(&[u8], &mut [f32]) + Sync,
 ) {
     let (m, k) = (x.m, x.k);
-    let threads = if parallel { num_threads() } else { 1 };
+    let threads = if parallel { super::team::threads() } else { 1 };
     if m == 1 {
         let per = n
             .div_ceil(threads * 4)
@@ -308,9 +307,9 @@ pub(crate) fn run_chunks(
         if threads == 1 || per >= n {
             rows(w, out);
         } else {
-            out.par_chunks_mut(per)
-                .zip(w.par_chunks(per * rb))
-                .for_each(|(o, wc)| rows(wc, o));
+            super::team::for_each_chunk_mut(out, per, |i, o| {
+                rows(&w[i * per * rb..][..o.len() * rb], o)
+            });
         }
         return;
     }
@@ -319,9 +318,9 @@ pub(crate) fn run_chunks(
     if threads == 1 || per >= n {
         rows(w, &mut yt);
     } else {
-        yt.par_chunks_mut(per * m)
-            .zip(w.par_chunks(per * rb))
-            .for_each(|(o, wc)| rows(wc, o));
+        super::team::for_each_chunk_mut(&mut yt, per * m, |i, o| {
+            rows(&w[i * per * rb..][..o.len() / m * rb], o)
+        });
     }
     for (i, orow) in out.chunks_exact_mut(n).enumerate() {
         for (j, o) in orow.iter_mut().enumerate() {
