@@ -2,7 +2,9 @@
 //! weight panels: SmolLM2-135M's 30 layers of Q4_1 projections
 //! (q, k, v, o, gate, up, down) and a Q8_0 head of 49152 rows, about
 //! 90 MB, so each step streams them from memory as a real decode does.
-//! Runs in a rayon pool of `THREADS` (default 2) workers; `ACT=int8` for
+//! Runs in a rayon pool of `THREADS` (default 2) workers, its loops on a
+//! thread team of as many threads (`RLX_CPU_TEAM=0`: on the pool, as
+//! fork-joins); `ACT=int8` for
 //! 8-bit activations (default f32); `ROWS` activation rows (default 1: a
 //! decode step; more: a batched decode step). A timing aid; asserts
 //! nothing.
@@ -23,7 +25,8 @@ fn main() {
         .num_threads(threads)
         .build()
         .unwrap();
-    pool.install(|| run(act));
+    let team = rlx_cpu::kernels::team::shared_team(threads);
+    pool.install(|| rlx_cpu::kernels::team::with_team(team.as_ref(), || run(act)));
 }
 
 /// Random GGUF blocks of `scheme` for an `[n, k]` weight (f16 scales of

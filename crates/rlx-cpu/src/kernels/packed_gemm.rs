@@ -19,9 +19,8 @@
 //! still in L1.
 
 use super::elementwise::apply_activation;
-use super::{bad_shape, need_len, num_threads, KernelError};
+use super::{bad_shape, need_len, KernelError};
 use crate::isa::Isa;
-use rayon::prelude::*;
 use rlx_ir::Activation;
 
 const OP: &str = "MatMul";
@@ -447,7 +446,7 @@ pub fn gemm_packed_with(
     }
     let isa = if isa.supported() { isa } else { Isa::active() };
     let threads = if parallel && m * n * k.max(1) >= PAR_MIN_MACS {
-        num_threads()
+        super::team::threads()
     } else {
         1
     };
@@ -489,7 +488,7 @@ pub fn gemm_packed_with(
         };
         let tasks = part.tasks();
         if threads > 1 && tasks > 1 {
-            (0..tasks).into_par_iter().for_each(run);
+            super::team::for_each(tasks, run);
         } else {
             (0..tasks).for_each(run);
         }
@@ -504,7 +503,12 @@ pub fn gemm_packed_with(
         let row16 = 2 * k.div_ceil(2);
         let round = |(r, dst): (usize, &mut [u16])| round_bf16(&a[r * lda..r * lda + k], dst);
         if threads > 1 {
-            buf.par_chunks_mut(row16).enumerate().for_each(round);
+            let rows = m.div_ceil(threads * 2).max(1);
+            super::team::for_each_chunk_mut(buf, rows * row16, |c, dst| {
+                for (i, row) in dst.chunks_mut(row16).enumerate() {
+                    round((c * rows + i, row));
+                }
+            });
         } else {
             buf.chunks_mut(row16).enumerate().for_each(round);
         }

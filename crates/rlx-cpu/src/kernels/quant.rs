@@ -217,17 +217,9 @@ fn gemv_with(
         .div_ceil(super::team::threads() * 4)
         .max(GEMV_MIN_CHUNK / k.max(1))
         .max(1);
-    let failed = std::sync::Mutex::new(None);
-    super::team::for_each_chunk_mut(out, rows_per_chunk, |i, o| {
-        let wr = &w[i * rows_per_chunk * rb..][..o.len() * rb];
-        if let Err(e) = gemv_rows(&ctx, wr, o) {
-            *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-        }
-    });
-    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    super::team::try_for_each_chunk_mut(out, rows_per_chunk, |i, o| {
+        gemv_rows(&ctx, &w[i * rows_per_chunk * rb..][..o.len() * rb], o)
+    })
 }
 
 /// `out[r] = dot(x, dequant(w row r))` for the rows of one chunk.

@@ -180,8 +180,10 @@ impl Team {
             let _g = s.sleep.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        let mine =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| take_tasks(s, f, tasks)));
+        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _in_loop = LoopGuard::enter();
+            take_tasks(s, f, tasks)
+        }));
         let mut spins = 0u32;
         while s.done.0.load(Ordering::Acquire) < s.workers {
             std::hint::spin_loop();
@@ -228,6 +230,7 @@ fn take_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync), tasks: usize) {
 }
 
 fn worker(s: &Shared) {
+    IN_LOOP.with(|f| f.set(true));
     let mut seen = 0usize;
     loop {
         let Some(epoch) = next_epoch(s, seen) else {
@@ -287,6 +290,24 @@ fn next_epoch(s: &Shared, seen: usize) -> Option<usize> {
 thread_local! {
     /// The team of the model running on this thread ([`with_team`]).
     static CURRENT: RefCell<Option<Arc<Team>>> = const { RefCell::new(None) };
+    /// Set on a team's workers, and on a caller while its loop runs: a
+    /// loop started from a task runs serially, since every thread of the
+    /// team is busy with the outer loop.
+    static IN_LOOP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Clears [`IN_LOOP`] when a caller's loop ends, also on unwind.
+struct LoopGuard;
+impl LoopGuard {
+    fn enter() -> LoopGuard {
+        IN_LOOP.with(|f| f.set(true));
+        LoopGuard
+    }
+}
+impl Drop for LoopGuard {
+    fn drop(&mut self) {
+        IN_LOOP.with(|f| f.set(false));
+    }
 }
 
 /// Whether `RLX_CPU_TEAM=0` turned teams off (A/B runs): loops then run
@@ -334,21 +355,49 @@ pub fn with_team<R>(team: Option<&Arc<Team>>, f: impl FnOnce() -> R) -> R {
 }
 
 /// Threads a loop of [`for_each`] spreads over here: the current team's,
-/// else the rayon pool's.
+/// else the rayon pool's; 1 inside a task of a team's loop.
 pub fn threads() -> usize {
+    if IN_LOOP.with(|f| f.get()) {
+        return 1;
+    }
     CURRENT
         .with(|c| c.borrow().as_ref().map(|t| t.threads()))
         .unwrap_or_else(super::num_threads)
 }
 
 /// `f(i)` for every `i < tasks` in parallel: on the current team, else on
-/// the rayon pool.
+/// the rayon pool; serially inside a task of a team's loop.
 pub fn for_each(tasks: usize, f: impl Fn(usize) + Sync) {
+    if IN_LOOP.with(|f| f.get()) {
+        (0..tasks).for_each(f);
+        return;
+    }
     let team = CURRENT.with(|c| c.borrow().clone());
     match team {
         Some(t) => t.run(tasks, &f),
         None if tasks <= 1 => (0..tasks).for_each(f),
         None => (0..tasks).into_par_iter().for_each(&f),
+    }
+}
+
+/// [`for_each`] of a fallible `f`: the first error seen (of any task; all
+/// tasks run), or `Ok`.
+pub fn try_for_each<E: Send>(
+    tasks: usize,
+    f: impl Fn(usize) -> Result<(), E> + Sync,
+) -> Result<(), E> {
+    let failed = Mutex::new(None);
+    for_each(tasks, |i| {
+        if let Err(e) = f(i) {
+            failed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(e);
+        }
+    });
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 
@@ -359,18 +408,31 @@ pub fn for_each_chunk_mut<T: Send>(
     chunk: usize,
     f: impl Fn(usize, &mut [T]) + Sync,
 ) {
+    let ok: Result<(), ()> = try_for_each_chunk_mut(out, chunk, |i, c| {
+        f(i, c);
+        Ok(())
+    });
+    debug_assert!(ok.is_ok());
+}
+
+/// [`for_each_chunk_mut`] of a fallible `f`, as [`try_for_each`].
+pub fn try_for_each_chunk_mut<T: Send, E: Send>(
+    out: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) -> Result<(), E> + Sync,
+) -> Result<(), E> {
     let chunk = chunk.max(1);
     let len = out.len();
     let base = SendPtr(out.as_mut_ptr());
-    for_each(len.div_ceil(chunk), |i| {
+    try_for_each(len.div_ceil(chunk), |i| {
         let start = i * chunk;
         let n = chunk.min(len - start);
         // SAFETY: task `i` alone gets elements `i * chunk..` (`n` of
         // them, inside `out`): the chunks are disjoint, and `out` stays
         // mutably borrowed until every task has returned.
         let c = unsafe { std::slice::from_raw_parts_mut(base.at(start), n) };
-        f(i, c);
-    });
+        f(i, c)
+    })
 }
 
 /// A raw pointer that tasks may share (they write disjoint parts).
@@ -467,14 +529,19 @@ mod tests {
         let count = AtomicU64::new(0);
         with_team(Some(&team), || {
             for_each(4, |_| {
-                // The team is busy with the outer loop: this one runs on
-                // the rayon pool instead of deadlocking.
+                // Inside a task: serial, on this thread.
+                assert_eq!(threads(), 1);
+                for_each(4, |_| {
+                    count.fetch_add(1, Ordering::Relaxed);
+                });
+                // The team itself is busy with the outer loop: a direct
+                // run goes to the rayon pool instead of deadlocking.
                 team.run(4, &|_| {
                     count.fetch_add(1, Ordering::Relaxed);
                 });
             })
         });
-        assert_eq!(count.load(Ordering::Relaxed), 16);
+        assert_eq!(count.load(Ordering::Relaxed), 32);
     }
 
     #[test]
