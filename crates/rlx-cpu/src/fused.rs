@@ -26,7 +26,7 @@
 use crate::fused_cost::{llc_bytes, SegmentTraffic};
 use crate::kernels::packed_gemm::{gemm_packed, PackedB};
 use crate::kernels::rope::{rope_rows_inplace, rope_tables_cached, RopeSpec};
-use crate::kernels::{elementwise, matmul, norm, softmax, team, In, Out};
+use crate::kernels::{elementwise, matmul, norm, softmax, In, Out};
 use rayon::prelude::*;
 use rlx_ir::{Activation, BinaryOp, DType, Graph, Node, NodeId, Op, ReduceOp, Shape};
 use rlx_runtime::hybrid::{Decline, SegmentCompiler, SubGraph};
@@ -826,7 +826,7 @@ impl FusedPlan {
         let this = &*self;
         let serial = nchunks == 1;
         // Fewer chunks than threads: each chunk's kernels use the pool too.
-        let parallel = nchunks < team::threads();
+        let parallel = nchunks < rayon::current_num_threads();
         let work = |(c, mut parts): (usize, Vec<&mut [f32]>)| -> Result<(), (NodeId, String)> {
             let r0 = c * cr;
             let nr = cr.min(this.rows - r0);
@@ -850,13 +850,15 @@ impl FusedPlan {
                         // One chunk: its kernels ran on every thread, and so
                         // does the copy out (one thread alone is slower than
                         // the Narrow thunks it replaces).
-                        let per = nr.div_ceil(team::threads() * 2).max(1);
-                        team::try_for_each_chunk_mut(part, per * v.width, |c, rows| {
-                            for (i, dst) in rows.chunks_mut(v.width).enumerate() {
-                                copy(c * per + i, dst)?;
-                            }
-                            Ok(())
-                        })?;
+                        let per = nr.div_ceil(rayon::current_num_threads() * 2).max(1);
+                        part.par_chunks_mut(per * v.width)
+                            .enumerate()
+                            .try_for_each(|(c, rows)| {
+                                for (i, dst) in rows.chunks_mut(v.width).enumerate() {
+                                    copy(c * per + i, dst)?;
+                                }
+                                Ok(())
+                            })?;
                     } else {
                         for (r, dst) in part.chunks_mut(v.width).enumerate() {
                             copy(r, dst)?;
@@ -870,22 +872,8 @@ impl FusedPlan {
         };
         if serial {
             per_chunk.into_iter().enumerate().try_for_each(work)
-        } else if parallel {
-            // The chunks' kernels split their loops over the pool inside
-            // chunk tasks: nested loops, which a team does not run (its
-            // threads all take part in every loop), so rayon runs these.
-            team::with_team(None, || {
-                per_chunk.into_par_iter().enumerate().try_for_each(work)
-            })
         } else {
-            let per_chunk: Vec<_> = per_chunk.into_iter().map(|p| Mutex::new(Some(p))).collect();
-            team::try_for_each(nchunks, |c| {
-                let parts = per_chunk[c]
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take();
-                work((c, parts.unwrap_or_default()))
-            })
+            per_chunk.into_par_iter().enumerate().try_for_each(work)
         }
     }
 }
@@ -931,13 +919,15 @@ fn for_rows(
     }
     let o = &mut o[..nr * w];
     if parallel && nr > 1 && nr * w >= crate::kernels::PAR_MIN_ELEMS {
-        let per = nr.div_ceil(team::threads() * 2).max(1);
-        team::try_for_each_chunk_mut(o, per * w, |c, chunk| {
-            for (i, row) in chunk.chunks_mut(w).enumerate() {
-                f(c * per + i, row)?;
-            }
-            Ok(())
-        })
+        let per = nr.div_ceil(rayon::current_num_threads() * 2).max(1);
+        o.par_chunks_mut(per * w)
+            .enumerate()
+            .try_for_each(|(c, chunk)| {
+                for (i, row) in chunk.chunks_mut(w).enumerate() {
+                    f(c * per + i, row)?;
+                }
+                Ok(())
+            })
     } else {
         for (r, row) in o.chunks_mut(w).enumerate() {
             f(r, row)?;

@@ -824,22 +824,25 @@ fn attention_by_head(
     blk: usize,
     per_batch: usize,
 ) -> Result<(), KernelError> {
+    use rayon::prelude::*;
     let (d, sq, hq) = (p.head_dim, p.seq_q, p.num_heads);
     let ptr = SharedOut(out.as_mut_ptr());
-    super::team::try_for_each(p.batch * per_batch * hq, |t| {
-        let (bi, h) = (t / hq, t % hq);
-        let (b, i0) = (bi / per_batch, bi % per_batch * blk);
-        let rows = blk.min(sq - i0);
-        with_head_scratch(|s| {
-            s.out.resize(rows * d, 0.0);
-            let dst = (&mut s.out[..], d);
-            attend_block(p, q, k, v, mask, dst, h..h + 1, b, i0, rows, &mut s.scores)?;
-            // SAFETY: rows (b, i0..i0 + rows), head h of the output validated
-            // by `attention`; task t is the only one writing them.
-            unsafe { write_head_rows(p, ptr, b, i0, h, &s.out) };
-            Ok(())
+    (0..p.batch * per_batch * hq)
+        .into_par_iter()
+        .try_for_each(|t| {
+            let (bi, h) = (t / hq, t % hq);
+            let (b, i0) = (bi / per_batch, bi % per_batch * blk);
+            let rows = blk.min(sq - i0);
+            with_head_scratch(|s| {
+                s.out.resize(rows * d, 0.0);
+                let dst = (&mut s.out[..], d);
+                attend_block(p, q, k, v, mask, dst, h..h + 1, b, i0, rows, &mut s.scores)?;
+                // SAFETY: rows (b, i0..i0 + rows), head h of the output validated
+                // by `attention`; task t is the only one writing them.
+                unsafe { write_head_rows(p, ptr, b, i0, h, &s.out) };
+                Ok(())
+            })
         })
-    })
 }
 
 /// Attention with K and V packed once per (batch, head), one task each.
@@ -859,8 +862,9 @@ fn attention_packed(
         // the only one writing (batch t / H, head t % H).
         unsafe { attend_head_packed(p, q, k, v, mask, t / p.num_heads, t % p.num_heads, ptr) }
     };
-    if parallel && tasks > 1 && super::team::threads() > 1 {
-        super::team::try_for_each(tasks, run)
+    if parallel && tasks > 1 && num_threads() > 1 {
+        use rayon::prelude::*;
+        (0..tasks).into_par_iter().try_for_each(run)
     } else {
         (0..tasks).try_for_each(run)
     }

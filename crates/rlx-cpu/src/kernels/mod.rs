@@ -28,6 +28,7 @@ pub mod simd;
 pub mod softmax;
 pub mod team;
 
+use rayon::prelude::*;
 use rlx_ir::{infer::infer_shape, DType, Op, Shape};
 
 /// Below this many elements of work a kernel runs on the calling thread:
@@ -246,7 +247,7 @@ where
         return;
     }
     let rows = out.len() / row_len;
-    let threads = team::threads();
+    let threads = num_threads();
     let work = rows.saturating_mul(cost_per_row.max(1));
     if threads == 1 || rows < 2 || work < PAR_MIN_ELEMS {
         f(0, out);
@@ -257,9 +258,9 @@ where
     let by_threads = rows.div_ceil(threads * 4);
     let by_work = (4096 / cost_per_row.max(1)).max(1);
     let rows_per_chunk = by_threads.max(by_work).min(rows);
-    team::for_each_chunk_mut(out, rows_per_chunk * row_len, |ci, chunk| {
-        f(ci * rows_per_chunk, chunk)
-    });
+    out.par_chunks_mut(rows_per_chunk * row_len)
+        .enumerate()
+        .for_each(|(ci, chunk)| f(ci * rows_per_chunk, chunk));
 }
 
 fn check_inputs(op: &Op, inputs: &[In<'_>], in_shapes: &[&Shape]) -> Result<(), KernelError> {

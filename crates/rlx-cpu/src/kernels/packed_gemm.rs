@@ -19,8 +19,9 @@
 //! still in L1.
 
 use super::elementwise::apply_activation;
-use super::{bad_shape, need_len, KernelError};
+use super::{bad_shape, need_len, num_threads, KernelError};
 use crate::isa::Isa;
+use rayon::prelude::*;
 use rlx_ir::Activation;
 
 const OP: &str = "MatMul";
@@ -446,7 +447,7 @@ pub fn gemm_packed_with(
     }
     let isa = if isa.supported() { isa } else { Isa::active() };
     let threads = if parallel && m * n * k.max(1) >= PAR_MIN_MACS {
-        super::team::threads()
+        num_threads()
     } else {
         1
     };
@@ -488,7 +489,7 @@ pub fn gemm_packed_with(
         };
         let tasks = part.tasks();
         if threads > 1 && tasks > 1 {
-            super::team::for_each(tasks, run);
+            (0..tasks).into_par_iter().for_each(run);
         } else {
             (0..tasks).for_each(run);
         }
@@ -503,12 +504,7 @@ pub fn gemm_packed_with(
         let row16 = 2 * k.div_ceil(2);
         let round = |(r, dst): (usize, &mut [u16])| round_bf16(&a[r * lda..r * lda + k], dst);
         if threads > 1 {
-            let rows = m.div_ceil(threads * 2).max(1);
-            super::team::for_each_chunk_mut(buf, rows * row16, |c, dst| {
-                for (i, row) in dst.chunks_mut(row16).enumerate() {
-                    round((c * rows + i, row));
-                }
-            });
+            buf.par_chunks_mut(row16).enumerate().for_each(round);
         } else {
             buf.chunks_mut(row16).enumerate().for_each(round);
         }

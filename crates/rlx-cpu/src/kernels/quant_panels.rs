@@ -54,6 +54,7 @@ use super::quant_q8::{quantize_rows, QK};
 mod amx;
 use super::{bad_shape, KernelError};
 use crate::isa::{CpuFeatures, Isa};
+use rayon::prelude::*;
 use rlx_ir::{ActivationPrecision, QuantScheme};
 
 const OP: &str = "DequantMatMul";
@@ -390,7 +391,12 @@ impl QuantPanels {
         if threads == 1 || per >= np {
             run(0);
         } else {
-            super::team::for_each(np.div_ceil(per), |t| run(t * per));
+            let tasks = np.div_ceil(per);
+            if m <= super::team::MAX_ROWS {
+                super::team::for_each(tasks, |t| run(t * per));
+            } else {
+                (0..tasks).into_par_iter().for_each(|t| run(t * per));
+            }
         }
         Ok(())
     }

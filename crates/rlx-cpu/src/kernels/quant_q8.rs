@@ -30,6 +30,7 @@
 
 use super::{bad_shape, KernelError};
 use crate::isa::Isa;
+use rayon::prelude::*;
 use rlx_ir::QuantScheme;
 
 const OP: &str = "DequantMatMul";
@@ -318,9 +319,9 @@ pub(crate) fn run_chunks(
     if threads == 1 || per >= n {
         rows(w, &mut yt);
     } else {
-        super::team::for_each_chunk_mut(&mut yt, per * m, |i, o| {
-            rows(&w[i * per * rb..][..o.len() / m * rb], o)
-        });
+        yt.par_chunks_mut(per * m)
+            .zip(w.par_chunks(per * rb))
+            .for_each(|(o, wc)| rows(wc, o));
     }
     for (i, orow) in out.chunks_exact_mut(n).enumerate() {
         for (j, o) in orow.iter_mut().enumerate() {
