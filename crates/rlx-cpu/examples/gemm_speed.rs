@@ -1,6 +1,7 @@
 //! Packed GEMM speed, f32 and bf16 weights, at MiniLM's shapes: best of
 //! three timed loops per shape, in GFLOP/s. `THREADS` (default 1) sizes the
-//! pool; `RLX_CPU_AMX=0` and `RLX_CPU_ISA` select the kernels for A/B runs.
+//! pool; `RLX_CPU_AMX=0` and `RLX_CPU_ISA` select the kernels for A/B runs;
+//! `PEAK=1` prints the FMA peak of the pool first, `ONLY_F32=1` skips bf16.
 //!
 //!     THREADS=2 cargo run --release -p rlx-cpu --example gemm_speed
 use rlx_cpu::kernels::packed_gemm::{gemm_packed, PackedB};
@@ -14,6 +15,11 @@ fn main() {
         .num_threads(threads)
         .build()
         .unwrap();
+    if std::env::var_os("PEAK").is_some() {
+        let peak = pool.install(|| rlx_cpu::peak::measure_fma_peak(300));
+        println!("t{threads} FMA peak {peak:.1} GFLOP/s");
+    }
+    let only_f32 = std::env::var_os("ONLY_F32").is_some();
     for (m, k, n) in [
         (128, 384, 384),
         (128, 384, 1536),
@@ -28,6 +34,9 @@ fn main() {
             .map(|i| ((i * 104729) % 1000) as f32 / 1000.0 - 0.5)
             .collect();
         for bf in [false, true] {
+            if bf && only_f32 {
+                continue;
+            }
             let mut p = PackedB::pack(&b, k, n, n).unwrap();
             if bf {
                 p = p.to_bf16();
