@@ -24,7 +24,7 @@
 //! runs its ops as thunks; `rlx plan` prints the reason).
 
 use crate::fused_cost::{llc_bytes, SegmentTraffic};
-use crate::kernels::packed_gemm::{gemm_packed, PackedB};
+use crate::kernels::packed_gemm::{gemm_packed, gemm_packed_split, ColumnSplit, PackedB};
 use crate::kernels::rope::{rope_rows_inplace, rope_tables_cached, RopeSpec};
 use crate::kernels::{elementwise, matmul, norm, softmax, In, Out};
 use rayon::prelude::*;
@@ -303,6 +303,37 @@ enum FOp {
 }
 
 impl FOp {
+    /// Whether any input view of this op reads scratch slot `s`.
+    fn reads_slot(&self, s: usize) -> bool {
+        let mut views: Vec<&View> = Vec::new();
+        match self {
+            FOp::MatMul { a, bias, .. } => views.extend(std::iter::once(a).chain(bias)),
+            FOp::Unary { x, .. }
+            | FOp::Softmax { x, .. }
+            | FOp::ReduceRow { x, .. }
+            | FOp::Rope { x, .. } => views.push(x),
+            FOp::Binary { a, b, .. } => views.extend([a, b]),
+            FOp::Norm {
+                x,
+                residual,
+                bias,
+                gamma,
+                beta,
+                ..
+            } => views.extend(
+                std::iter::once(x)
+                    .chain(residual)
+                    .chain(bias)
+                    .chain([gamma])
+                    .chain(beta),
+            ),
+            FOp::SwiGlu { gate, up, .. } => views.extend([gate, up]),
+            FOp::Gather { .. } => {}
+            FOp::Concat { parts, .. } => views.extend(parts),
+        }
+        views.iter().any(|v| v.src == Src::Slot(s))
+    }
+
     /// The scratch slot this op writes.
     fn out(&self) -> usize {
         match *self {
@@ -381,6 +412,9 @@ pub struct FusedPlan {
     cost: String,
     /// Chunks expected to run at once (each holds one scratch set).
     sets: usize,
+    /// Per op: the boundary outputs it writes itself (see
+    /// [`direct_outputs`]), empty for ops whose outputs are copied out.
+    direct: Vec<Vec<usize>>,
 }
 
 impl FusedPlan {
@@ -748,7 +782,9 @@ impl FusedPlan {
         let chunk_rows = choice.chunk_rows;
         let chunks = rows.div_ceil(chunk_rows);
         let sets = chunks.min(threads);
+        let direct = direct_outputs(&ops, &outputs);
         Ok(FusedPlan {
+            direct,
             rows,
             ops,
             slots,
@@ -763,8 +799,10 @@ impl FusedPlan {
     /// How the rows run: `"R rows: one chunk, kernels on the pool"`, or `"R
     /// rows: N chunks of C rows, chunks on the pool"` (each chunk's kernels
     /// serial, every chunk streaming every weight), or `"..., kernels on the
-    /// pool inside each chunk"` when there are fewer chunks than threads.
-    /// The cost model's figures follow in brackets (see `fused_cost`).
+    /// pool inside each chunk"` when there are fewer chunks than threads;
+    /// then how many boundary outputs a GEMM writes in place, if any (see
+    /// [`direct_outputs`]). The cost model's figures follow in brackets (see
+    /// `fused_cost`).
     pub fn layout(&self) -> String {
         let threads = rayon::current_num_threads();
         let how = if self.chunks == 1 {
@@ -780,7 +818,13 @@ impl FusedPlan {
                 self.rows, self.chunks, self.chunk_rows
             )
         };
-        format!("{how} [{}]", self.cost)
+        let direct: usize = self.direct.iter().map(Vec::len).sum();
+        let direct = if direct > 0 {
+            format!("; {direct} outputs written by their matmul's GEMM (no copy)")
+        } else {
+            String::new()
+        };
+        format!("{how}{direct} [{}]", self.cost)
     }
 
     /// Bytes of scratch memory this plan needs: one set per chunk expected
@@ -831,13 +875,37 @@ impl FusedPlan {
             let r0 = c * cr;
             let nr = cr.min(this.rows - r0);
             let mut bufs = scratch.take(&this.slots, cr);
+            let mut written = vec![false; this.outputs.len()];
             let res = (|| {
-                for (node, op) in &this.ops {
-                    run_fop(op, ins, packed, &mut bufs, r0, nr, parallel)
+                for ((node, op), direct) in this.ops.iter().zip(&this.direct) {
+                    let done = !direct.is_empty()
+                        && matmul_into_outputs(
+                            op,
+                            ins,
+                            packed,
+                            &bufs,
+                            r0,
+                            nr,
+                            parallel,
+                            &mut parts,
+                            direct,
+                            &this.outputs,
+                        )
                         .map_err(|m| (*node, m))?;
+                    if done {
+                        direct.iter().for_each(|&o| written[o] = true);
+                    } else {
+                        run_fop(op, ins, packed, &mut bufs, r0, nr, parallel)
+                            .map_err(|m| (*node, m))?;
+                    }
                 }
                 let bufs = &bufs;
-                for (part, v) in parts.iter_mut().zip(&this.outputs) {
+                for ((part, v), _) in parts
+                    .iter_mut()
+                    .zip(&this.outputs)
+                    .zip(&written)
+                    .filter(|(_, &w)| !w)
+                {
                     if v.width == 0 {
                         continue;
                     }
@@ -876,6 +944,119 @@ impl FusedPlan {
             per_chunk.into_par_iter().enumerate().try_for_each(work)
         }
     }
+}
+
+/// For each op, the boundary outputs it may write straight into the
+/// output tensors: a MatMul whose result no op of the plan reads, and
+/// which every output viewing it reads as a column window starting on a
+/// packed panel (the q, k and v Narrows of a fused QKV projection). Its
+/// GEMM then writes those windows and nothing else (see
+/// [`matmul_into_outputs`]), instead of filling a scratch slot that the
+/// outputs are copied from.
+fn direct_outputs(ops: &[(NodeId, FOp)], outputs: &[View]) -> Vec<Vec<usize>> {
+    use crate::kernels::packed_gemm::NR;
+    ops.iter()
+        .enumerate()
+        .map(|(i, (_, op))| {
+            let FOp::MatMul { a, out, .. } = op else {
+                return Vec::new();
+            };
+            let read = ops.iter().any(|(_, o)| o.reads_slot(*out));
+            let rewritten = ops[i + 1..].iter().any(|(_, o)| o.out() == *out);
+            if read || rewritten || a.map == RowMap::Const {
+                return Vec::new();
+            }
+            let mine: Vec<usize> = (0..outputs.len())
+                .filter(|&o| outputs[o].src == Src::Slot(*out))
+                .collect();
+            let windows = mine.iter().all(|&o| {
+                let v = &outputs[o];
+                v.map == RowMap::Local && v.col.is_multiple_of(NR) && v.width > 0
+            });
+            if windows {
+                mine
+            } else {
+                Vec::new()
+            }
+        })
+        .collect()
+}
+
+/// A MatMul's A operand: the data, the offset of this chunk's first row,
+/// and the row stride (0 for a row broadcast).
+fn a_operand<'a>(
+    a: &View,
+    ins: &[In<'a>],
+    bufs: &'a [Vec<f32>],
+    r0: usize,
+) -> Result<(&'a [f32], usize, usize), String> {
+    let (data, off) = match a.src {
+        Src::Slot(s) => (&bufs[s][..], a.col),
+        Src::Ext(e) => {
+            let base = if a.map == RowMap::Const { 0 } else { r0 };
+            (ext_f32(ins, e)?, base * a.stride + a.col)
+        }
+    };
+    let lda = if a.map == RowMap::Const { 0 } else { a.stride };
+    Ok((data, off, lda))
+}
+
+/// Run MatMul `op` with its GEMM writing this chunk's rows of the outputs
+/// `direct` (column windows of its result, [`direct_outputs`]) in place.
+/// `Ok(false)` when its weight has no packing of the right shape: the
+/// caller then runs it into scratch and copies the outputs as usual.
+#[allow(clippy::too_many_arguments)]
+fn matmul_into_outputs(
+    op: &FOp,
+    ins: &[In<'_>],
+    packed: &[Option<&PackedB>],
+    bufs: &[Vec<f32>],
+    r0: usize,
+    nr: usize,
+    parallel: bool,
+    parts: &mut [&mut [f32]],
+    direct: &[usize],
+    outputs: &[View],
+) -> Result<bool, String> {
+    let FOp::MatMul {
+        a,
+        w,
+        k,
+        n,
+        bias,
+        act,
+        ..
+    } = *op
+    else {
+        return Ok(false);
+    };
+    let Some(pb) = packed
+        .get(w)
+        .copied()
+        .flatten()
+        .filter(|p| p.k() == k && p.n() == n)
+    else {
+        return Ok(false);
+    };
+    let (adata, off, lda) = a_operand(&a, ins, bufs, r0)?;
+    let b = bias.map(|bv| rowf(&bv, ins, bufs, r0, 0)).transpose()?;
+    let mut splits: Vec<ColumnSplit<'_>> = parts
+        .iter_mut()
+        .enumerate()
+        .filter(|(o, _)| direct.contains(o))
+        .map(|(o, part)| {
+            let v = &outputs[o];
+            ColumnSplit {
+                col0: v.col,
+                cols: v.width,
+                c: &mut part[..nr * v.width],
+                ldc: v.width,
+            }
+        })
+        .collect();
+    gemm_packed_split(nr, &adata[off..], lda, pb, &mut splits, b, act, parallel)
+        .map_err(|e| e.to_string())?;
+    Ok(true)
 }
 
 /// How many input slots read `node`'s value, following the views that the
@@ -1007,14 +1188,7 @@ fn run_fop(
         } => {
             let mut o = take(bufs, out);
             let wdata = ext_f32(ins, w)?;
-            let (adata, off) = match a.src {
-                Src::Slot(s) => (&bufs[s][..], a.col),
-                Src::Ext(e) => {
-                    let base = if a.map == RowMap::Const { 0 } else { r0 };
-                    (ext_f32(ins, e)?, base * a.stride + a.col)
-                }
-            };
-            let lda = if a.map == RowMap::Const { 0 } else { a.stride };
+            let (adata, off, lda) = a_operand(&a, ins, bufs, r0)?;
             let pb = packed
                 .get(w)
                 .copied()

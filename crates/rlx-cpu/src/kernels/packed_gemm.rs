@@ -430,27 +430,166 @@ pub fn gemm_packed_with(
     if ldc < n {
         return Err(bad_shape(OP, format!("C row stride {ldc} < n {n}")));
     }
-    if lda < k {
-        return Err(bad_shape(OP, format!("A row stride {lda} < k {k}")));
-    }
     need_len(OP, "C", c.len(), (m - 1) * ldc + n)?;
-    if k > 0 {
-        need_len(OP, "A", a.len(), (m - 1) * lda + k)?;
-    }
-    if let Some(bias) = bias {
-        if bias.len() != n {
-            return Err(bad_shape(
-                OP,
-                format!("bias has {} elements, expected n = {n}", bias.len()),
-            ));
-        }
-    }
+    check_a_bias(m, a, lda, b, bias)?;
     let isa = if isa.supported() { isa } else { Isa::active() };
     let threads = if parallel && m * n * k.max(1) >= PAR_MIN_MACS {
         num_threads()
     } else {
         1
     };
+    let win = Window {
+        pan0: 0,
+        n,
+        c,
+        ldc,
+        bias,
+    };
+    if !b.is_bf16() || k == 0 {
+        run_window(isa, m, a, lda, &[], b, win, act, threads);
+        return Ok(());
+    }
+    with_rounded_a(m, a, lda, k, threads, |a16| {
+        run_window(isa, m, a, lda, a16, b, win, act, threads)
+    });
+    Ok(())
+}
+
+/// The checks of a product's `m >= 1` rows of A and its bias.
+fn check_a_bias(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    bias: Option<&[f32]>,
+) -> Result<(), KernelError> {
+    let (k, n) = (b.k, b.n);
+    if lda < k {
+        return Err(bad_shape(OP, format!("A row stride {lda} < k {k}")));
+    }
+    if k > 0 {
+        need_len(OP, "A", a.len(), (m - 1) * lda + k)?;
+    }
+    match bias {
+        Some(bias) if bias.len() != n => Err(bad_shape(
+            OP,
+            format!("bias has {} elements, expected n = {n}", bias.len()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// One output of [`gemm_packed_split`]: columns `col0..col0 + cols` of the
+/// product, written to `c` with row stride `ldc`.
+#[derive(Debug)]
+pub struct ColumnSplit<'c> {
+    /// First column of the product (a multiple of [`NR`]).
+    pub col0: usize,
+    /// Columns written.
+    pub cols: usize,
+    /// Destination rows.
+    pub c: &'c mut [f32],
+    /// Row stride of `c` (at least `cols`).
+    pub ldc: usize,
+}
+
+/// [`gemm_packed`] whose output columns go to separate buffers, one per
+/// [`ColumnSplit`], instead of one `[m, n]` C: a fused QKV projection
+/// writes q, k and v straight into their own tensors (no copy of three
+/// column windows afterwards). Columns no split names are not computed.
+/// `bias` (n values) and `act` apply per column as in [`gemm_packed`], so
+/// every element has the bits [`gemm_packed`] gives it; bf16 packings
+/// round A once for all splits.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_split(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    splits: &mut [ColumnSplit<'_>],
+    bias: Option<&[f32]>,
+    act: Option<Activation>,
+    parallel: bool,
+) -> Result<(), KernelError> {
+    let (k, n) = (b.k, b.n);
+    if m == 0 {
+        return Ok(());
+    }
+    check_a_bias(m, a, lda, b, bias)?;
+    for s in splits.iter() {
+        if !s.col0.is_multiple_of(NR) || s.col0 + s.cols > n {
+            return Err(bad_shape(
+                OP,
+                format!(
+                    "split columns {}+{} outside n = {n} or not on a {NR}-column panel",
+                    s.col0, s.cols
+                ),
+            ));
+        }
+        if s.cols > 0 {
+            if s.ldc < s.cols {
+                return Err(bad_shape(
+                    OP,
+                    format!("split C row stride {} < its {} columns", s.ldc, s.cols),
+                ));
+            }
+            need_len(OP, "split C", s.c.len(), (m - 1) * s.ldc + s.cols)?;
+        }
+    }
+    let isa = Isa::active();
+    let cols: usize = splits.iter().map(|s| s.cols).sum();
+    let threads = if parallel && m * cols * k.max(1) >= PAR_MIN_MACS {
+        num_threads()
+    } else {
+        1
+    };
+    let mut run_all = |a16: &[u16]| {
+        for s in splits.iter_mut().filter(|s| s.cols > 0) {
+            let win = Window {
+                pan0: s.col0 / NR,
+                n: s.cols,
+                c: &mut *s.c,
+                ldc: s.ldc,
+                bias: bias.map(|v| &v[s.col0..s.col0 + s.cols]),
+            };
+            run_window(isa, m, a, lda, a16, b, win, act, threads);
+        }
+    };
+    if !b.is_bf16() || k == 0 {
+        run_all(&[]);
+    } else {
+        with_rounded_a(m, a, lda, k, threads, |a16| run_all(a16));
+    }
+    Ok(())
+}
+
+/// Columns `pan0 * NR..pan0 * NR + n` of a product and where they go.
+struct Window<'c, 'b> {
+    pan0: usize,
+    n: usize,
+    c: &'c mut [f32],
+    ldc: usize,
+    /// The window's own `n` bias values.
+    bias: Option<&'b [f32]>,
+}
+
+/// The tasks of one checked window, on `threads` threads.
+#[allow(clippy::too_many_arguments)]
+fn run_window(
+    isa: Isa,
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    a16: &[u16],
+    b: &PackedB,
+    win: Window<'_, '_>,
+    act: Option<Activation>,
+    threads: usize,
+) {
+    let (k, n) = (b.k, win.n);
+    if n == 0 {
+        return;
+    }
     // AMX tiles take whole 16-row blocks (32 at best): row blocks on
     // 32-row boundaries leave no rows to the slower `vdpbf16ps` tiles.
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -462,44 +601,48 @@ pub fn gemm_packed_with(
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     let granule = MR;
     let part = Partition::new(m, n.div_ceil(NR), threads, granule);
-    let cptr = SharedC(c.as_mut_ptr());
-    let run_all = |a16: &[u16]| {
-        let job = Job {
-            m,
-            k,
-            k0: 0,
-            pan0: 0,
-            n,
-            a,
-            lda,
-            a16,
-            b,
-            ldc,
-            bias,
-            act,
-            isa,
-        };
-        let run = |t: usize| {
-            let ((r0, r1), (p0, p1)) = part.task(t);
-            // SAFETY: tasks cover disjoint (row range, column range)
-            // rectangles of C, all inside the extent checked above, so no
-            // two threads write the same element and nothing else borrows
-            // `c` meanwhile.
-            unsafe { job.block(cptr, r0, r1, p0, p1) };
-        };
-        let tasks = part.tasks();
-        if threads > 1 && tasks > 1 {
-            (0..tasks).into_par_iter().for_each(run);
-        } else {
-            (0..tasks).for_each(run);
-        }
+    let cptr = SharedC(win.c.as_mut_ptr());
+    let job = Job {
+        m,
+        k,
+        k0: 0,
+        pan0: win.pan0,
+        n,
+        a,
+        lda,
+        a16,
+        b,
+        ldc: win.ldc,
+        bias: win.bias,
+        act,
+        isa,
     };
-    if !b.is_bf16() || k == 0 {
-        run_all(&[]);
-        return Ok(());
+    let run = |t: usize| {
+        let ((r0, r1), (p0, p1)) = part.task(t);
+        // SAFETY: tasks cover disjoint (row range, column range)
+        // rectangles of the window's C, all inside the extent the caller
+        // checked, so no two threads write the same element and nothing
+        // else borrows `c` meanwhile (`win` holds it mutably).
+        unsafe { job.block(cptr, r0, r1, p0, p1) };
+    };
+    let tasks = part.tasks();
+    if threads > 1 && tasks > 1 {
+        (0..tasks).into_par_iter().for_each(run);
+    } else {
+        (0..tasks).for_each(run);
     }
-    // bf16: the activations rounded once per call (a zero pad element for
-    // odd k), into this thread's buffer.
+}
+
+/// bf16 products: `f` gets A rounded once per call (a zero pad element for
+/// odd k), in this thread's buffer.
+fn with_rounded_a(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    k: usize,
+    threads: usize,
+    f: impl FnOnce(&[u16]),
+) {
     with_a16(m, k, |buf| {
         let row16 = 2 * k.div_ceil(2);
         let round = |(r, dst): (usize, &mut [u16])| round_bf16(&a[r * lda..r * lda + k], dst);
@@ -508,9 +651,8 @@ pub fn gemm_packed_with(
         } else {
             buf.chunks_mut(row16).enumerate().for_each(round);
         }
-        run_all(buf);
+        f(buf);
     });
-    Ok(())
 }
 
 /// How C splits into (row block, panel group) tasks.
@@ -1870,6 +2012,74 @@ mod tests {
                 (s % 2001) as f32 / 1000.0 - 1.0
             })
             .collect()
+    }
+
+    #[test]
+    fn split_outputs_have_the_bits_of_the_whole_product() {
+        // Windows of a QKV-like product (three equal windows), a window
+        // ending mid-panel, an uncovered column range, f32 and bf16
+        // packings, with bias and GELU, serial and on the pool.
+        let (m, k, n) = (37, 40, 3 * 48 + 8);
+        let a = fill(m * (k + 3), 7);
+        let b = fill(k * n, 8);
+        let bias = fill(n, 9);
+        let lda = k + 3;
+        for bf in [false, true] {
+            let mut p = PackedB::pack(&b, k, n, n).unwrap();
+            if bf {
+                p = p.to_bf16();
+            }
+            for parallel in [false, true] {
+                let act = Some(Activation::Gelu);
+                let mut whole = vec![0f32; m * n];
+                gemm_packed(m, &a, lda, &p, &mut whole, n, Some(&bias), act, parallel).unwrap();
+                let windows = [(0, 48), (48, 48), (96, 40), (144, 8)];
+                let mut bufs: Vec<Vec<f32>> = windows
+                    .iter()
+                    .map(|&(_, w)| vec![f32::NAN; m * w])
+                    .collect();
+                let mut splits: Vec<ColumnSplit<'_>> = windows
+                    .iter()
+                    .zip(bufs.iter_mut())
+                    .map(|(&(col0, cols), c)| ColumnSplit {
+                        col0,
+                        cols,
+                        c,
+                        ldc: cols,
+                    })
+                    .collect();
+                gemm_packed_split(m, &a, lda, &p, &mut splits, Some(&bias), act, parallel).unwrap();
+                for (&(col0, cols), c) in windows.iter().zip(&bufs) {
+                    for r in 0..m {
+                        for j in 0..cols {
+                            assert_eq!(
+                                c[r * cols + j].to_bits(),
+                                whole[r * n + col0 + j].to_bits(),
+                                "bf16 {bf} parallel {parallel} row {r} column {}",
+                                col0 + j
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_splits_are_errors() {
+        let (m, k, n) = (4, 8, 32);
+        let p = PackedB::pack(&fill(k * n, 1), k, n, n).unwrap();
+        let a = fill(m * k, 2);
+        let mut c = vec![0f32; m * 16];
+        let run = |col0: usize, cols: usize, ldc: usize, c: &mut [f32]| {
+            let mut s = [ColumnSplit { col0, cols, c, ldc }];
+            gemm_packed_split(m, &a, k, &p, &mut s, None, None, false).map_err(|e| e.to_string())
+        };
+        assert!(run(8, 16, 16, &mut c).unwrap_err().contains("panel"));
+        assert!(run(16, 32, 32, &mut c).unwrap_err().contains("outside"));
+        assert!(run(0, 16, 8, &mut c).unwrap_err().contains("row stride"));
+        assert!(run(0, 16, 16, &mut c[..30]).is_err());
+        assert!(run(16, 16, 16, &mut c).is_ok());
     }
 
     #[test]
