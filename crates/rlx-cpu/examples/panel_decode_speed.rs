@@ -6,9 +6,11 @@
 //! thread team of as many threads (`RLX_CPU_TEAM=0`: on the pool, as
 //! fork-joins); `ACT=int8` for
 //! 8-bit activations (default f32); `ROWS` activation rows (default 1: a
-//! decode step; more: a batched decode step). A timing aid; asserts
+//! decode step; more: a batched decode step); `HEAD=0` leaves the head out (a prefill runs it on one
+//! row only); `VIA=panels` keeps many `F32` rows on the panel kernel
+//! instead of the dequantizing GEMM that `matmul` picks for them. A timing aid; asserts
 //! nothing.
-use rlx_cpu::kernels::quant_panels::QuantPanels;
+use rlx_cpu::kernels::quant_panels::{PanelPath, QuantPanels};
 use rlx_ir::{ActivationPrecision, QuantScheme};
 use std::time::Instant;
 
@@ -65,8 +67,10 @@ fn run(act: ActivationPrecision) {
             mats.push(QuantPanels::pack(QuantScheme::Q4_1, &w, n, k).unwrap());
         }
     }
-    let head = gguf(QuantScheme::Q8_0, vocab, d, 99);
-    mats.push(QuantPanels::pack(QuantScheme::Q8_0, &head, vocab, d).unwrap());
+    if std::env::var("HEAD").as_deref() != Ok("0") {
+        let head = gguf(QuantScheme::Q8_0, vocab, d, 99);
+        mats.push(QuantPanels::pack(QuantScheme::Q8_0, &head, vocab, d).unwrap());
+    }
     let bytes: usize = mats.iter().map(|m| m.bytes()).sum();
     let rows: usize = std::env::var("ROWS")
         .ok()
@@ -76,17 +80,17 @@ fn run(act: ActivationPrecision) {
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
         .collect();
     let mut out = vec![0f32; rows * vocab];
+    let on_panels = std::env::var("VIA").as_deref() == Ok("panels");
     let mut times = Vec::new();
     for _ in 0..30 {
         let t0 = Instant::now();
         for m in &mats {
-            m.matmul(
-                act,
-                &x[..rows * m.k()],
-                rows,
-                &mut out[..rows * m.n()],
-                true,
-            )
+            let (x, o) = (&x[..rows * m.k()], &mut out[..rows * m.n()]);
+            if on_panels {
+                m.matmul_path(act, x, rows, o, true, PanelPath::active())
+            } else {
+                m.matmul(act, x, rows, o, true)
+            }
             .unwrap();
         }
         times.push(t0.elapsed().as_secs_f64() * 1e3);

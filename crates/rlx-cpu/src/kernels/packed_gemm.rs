@@ -79,6 +79,12 @@ fn check_extent(b: &[f32], k: usize, n: usize, rs: usize, cs: usize) -> Result<(
 #[repr(C, align(64))]
 struct PanelRow([f32; NR]);
 
+// SAFETY: 16 f32 fill the 64 bytes exactly (no padding), and any bits are
+// a valid value.
+unsafe impl bytemuck::Zeroable for PanelRow {}
+// SAFETY: as above; `Copy` and `'static`.
+unsafe impl bytemuck::Pod for PanelRow {}
+
 /// One panel row stored as 16 IEEE half floats (bit patterns), aligned to
 /// half a cache line.
 #[derive(Clone, Copy)]
@@ -264,6 +270,23 @@ impl PackedB {
             }
         }
         Ok(())
+    }
+
+    /// Re-fill as an f32 packing of a `[k, n]` B written by `fill`, which
+    /// gets the panels as floats, `B[p, 16 q + j]` at `(q * k + p) * 16 + j`,
+    /// and must write every one of them (columns past `n` may hold any
+    /// finite value: no product reads them into C). The allocation only
+    /// grows, so a scratch packing refilled for products of different
+    /// shapes stops allocating once it has held the largest.
+    pub(crate) fn refill_f32(&mut self, k: usize, n: usize, fill: impl FnOnce(&mut [f32])) {
+        self.half.clear();
+        self.pairs.clear();
+        let len = n.div_ceil(NR) * k;
+        if self.rows.len() < len {
+            self.rows.resize(len, PanelRow([0.0; NR]));
+        }
+        (self.k, self.n) = (k, n);
+        fill(bytemuck::cast_slice_mut(&mut self.rows[..len]));
     }
 
     /// An empty packing to [`Self::repack_strided`] into.
@@ -452,6 +475,56 @@ pub fn gemm_packed_with(
     with_rounded_a(m, a, lda, k, threads, |a16| {
         run_window(isa, m, a, lda, a16, b, win, act, threads)
     });
+    Ok(())
+}
+
+/// [`gemm_packed`] on the calling thread into a C given as a pointer, in
+/// row blocks of [`MC`] rows (each block's A stays in L2 while the panels
+/// go by), with no bias or activation: the same bits as [`gemm_packed`].
+/// For kernels that split one product's columns over threads themselves
+/// (the dequantized weight panels of `quant_panels`).
+///
+/// # Safety
+/// `c` points at `m` rows `ldc >= b.n()` floats apart, each with `b.n()`
+/// writable floats that no one else reads or writes while this runs.
+pub(crate) unsafe fn gemm_packed_serial_into(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    c: *mut f32,
+    ldc: usize,
+) -> Result<(), KernelError> {
+    if m == 0 || b.n == 0 {
+        return Ok(());
+    }
+    check_a_bias(m, a, lda, b, None)?;
+    if b.is_bf16() || ldc < b.n {
+        return Err(bad_shape(
+            OP,
+            "a serial product takes f32 packings and ldc >= n",
+        ));
+    }
+    let job = Job {
+        m,
+        k: b.k,
+        k0: 0,
+        pan0: 0,
+        n: b.n,
+        a,
+        lda,
+        a16: &[],
+        b,
+        ldc,
+        bias: None,
+        act: None,
+        isa: Isa::active(),
+    };
+    for r0 in (0..m).step_by(MC) {
+        // SAFETY: rows `r0..` of the caller's C, which the contract makes
+        // this call's alone; A was checked above.
+        unsafe { job.block(SharedC(c), r0, (r0 + MC).min(m), 0, b.n.div_ceil(NR)) };
+    }
     Ok(())
 }
 

@@ -52,6 +52,7 @@ use super::quant_q8::{quantize_rows, QK};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod amx;
+use super::packed_gemm::{gemm_packed_serial_into, PackedB, NR};
 use super::{bad_shape, KernelError};
 use crate::isa::{CpuFeatures, Isa};
 use rayon::prelude::*;
@@ -166,6 +167,16 @@ impl PanelPath {
 /// `LlamaModel::decode_batch` (up to 16 rows) so stay on panels, whose
 /// rows are bit for bit the one-row product.
 pub const F32_PANEL_MAX_ROWS: usize = 32;
+
+/// Dequantized panels one task of [`QuantPanels::matmul_dequant`] holds at
+/// a time: an L2-sized share, so that the f32 GEMM reads them from L2 for
+/// every row block of the activations.
+const DEQUANT_CHUNK_BYTES: usize = 256 * 1024;
+
+thread_local! {
+    /// The calling thread's dequantized panels ([`QuantPanels::matmul_dequant`]).
+    static DEQUANT: std::cell::RefCell<PackedB> = std::cell::RefCell::new(PackedB::empty());
+}
 
 /// Whether `DequantMatMul`s over `scheme` weights should run on panels
 /// here: the scheme has a panel layout and either the CPU runs a vector
@@ -312,7 +323,163 @@ impl QuantPanels {
         out: &mut [f32],
         parallel: bool,
     ) -> Result<(), KernelError> {
-        self.matmul_path(activations, x, m, out, parallel, PanelPath::active())
+        let path = PanelPath::active();
+        if activations == ActivationPrecision::F32
+            && m > F32_PANEL_MAX_ROWS
+            && matches!(path, PanelPath::Vnni512 | PanelPath::Amx)
+        {
+            return self.matmul_dequant(x, m, out, parallel);
+        }
+        self.matmul_path(activations, x, m, out, parallel, path)
+    }
+
+    /// `out [m, n] = x [m, k] x Ŵ^T` for `F32` activations with `Ŵ` the
+    /// dequantized weights, exactly as `rlx_formats::quant::dequantize`
+    /// gives them (the padding rows of the last panel may give -0): each task dequantizes its share of the panels, an
+    /// L2-sized chunk at a time, into an f32 packing (one per thread,
+    /// reused) and runs the f32 GEMM of [`super::packed_gemm`] over every
+    /// row against it, so the result has the bits of `gemm_packed` over the
+    /// packed dequantized matrix. What [`QuantPanels::matmul`] runs past
+    /// [`F32_PANEL_MAX_ROWS`] rows on AVX-512: the panel kernel widens every
+    /// weight with shifts and permutes on the FMA ports for each 8 rows,
+    /// where this pays one widening per weight for all rows.
+    pub fn matmul_dequant(
+        &self,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+        parallel: bool,
+    ) -> Result<(), KernelError> {
+        self.check_sizes(x, m, out)?;
+        if m == 0 {
+            return Ok(());
+        }
+        let k = self.k;
+        let threads = if parallel && m * self.n * k >= 1 << 18 {
+            super::team::threads()
+        } else {
+            1
+        };
+        let split = DequantSplit::new(m, self.n.div_ceil(PANEL), threads);
+        // Chunks of whole panel pairs: the AVX-512 GEMM runs two panels at
+        // a time.
+        let chunk = (DEQUANT_CHUNK_BYTES / (k * 4 * PANEL) / 2 * 2).max(2);
+        let dst = OutPtr(out.as_mut_ptr());
+        let failed = std::sync::Mutex::new(None);
+        let run = |t: usize| {
+            let ((r0, r1), (p0, p1)) = split.task(t);
+            for c0 in (p0..p1).step_by(chunk) {
+                let c1 = (c0 + chunk).min(p1);
+                let cols = (c1 * PANEL).min(self.n) - c0 * PANEL;
+                let res = DEQUANT.with(|cell| {
+                    // A task stolen while this one runs would find the
+                    // buffer taken: it then packs into its own.
+                    let mut own = PackedB::empty();
+                    let mut held = cell.try_borrow_mut();
+                    let b = match held.as_mut() {
+                        Ok(b) => &mut **b,
+                        Err(_) => &mut own,
+                    };
+                    b.refill_f32(k, cols, |f| {
+                        for (p, dst) in (c0..c1).zip(f.chunks_exact_mut(k * NR)) {
+                            self.dequant_panel(p, dst);
+                        }
+                    });
+                    let rows = &x[r0 * k..r1 * k];
+                    // SAFETY: tasks cover disjoint (row range, panel range)
+                    // rectangles, so this one alone writes rows `r0..r1`,
+                    // columns `c0 * 16..c0 * 16 + cols` of `out`, which
+                    // holds `m * n` floats (checked above) and outlives the
+                    // tasks.
+                    unsafe {
+                        let c = dst.at(r0 * self.n + c0 * PANEL);
+                        gemm_packed_serial_into(r1 - r0, rows, k, b, c, self.n)
+                    }
+                });
+                if let Err(e) = res {
+                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    return;
+                }
+            }
+        };
+        if split.tasks() == 1 {
+            run(0);
+        } else {
+            (0..split.tasks()).into_par_iter().for_each(run);
+        }
+        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Panel `p` dequantized into `dst` (`k x 16` floats, element `e` of
+    /// weight row `16 p + j` at `e * 16 + j`), with the arithmetic of
+    /// `rlx_formats::quant::dequantize`; rows past `n` give zeros (Q4_0:
+    /// -0).
+    fn dequant_panel(&self, p: usize, dst: &mut [f32]) {
+        self.dequant_panel_isa(Isa::active(), p, dst)
+    }
+
+    /// [`QuantPanels::dequant_panel`] with the kernel of `isa`, which the
+    /// CPU supports; every kernel gives the same bits.
+    fn dequant_panel_isa(&self, isa: Isa, p: usize, dst: &mut [f32]) {
+        assert_eq!(dst.len(), self.k * PANEL, "dequantized panel size");
+        assert!(isa.supported(), "{isa:?} on this CPU");
+        #[cfg(target_arch = "x86_64")]
+        match isa {
+            // SAFETY: a supported AVX-512 (asserted) has AVX-512 F/BW;
+            // `dst` holds the panel's `k * 16` floats (asserted).
+            Isa::Avx512 => return unsafe { vnni::dequant_panel(self, p, dst.as_mut_ptr()) },
+            // SAFETY: a supported AVX2 has AVX2, FMA and F16C; `dst` as
+            // above.
+            Isa::Avx2 => return unsafe { avx2::dequant_panel(self, p, dst.as_mut_ptr()) },
+            Isa::Portable => {}
+        }
+        self.dequant_panel_scalar(p, dst);
+    }
+
+    /// [`QuantPanels::dequant_panel`] one element at a time.
+    fn dequant_panel_scalar(&self, p: usize, dst: &mut [f32]) {
+        let qb = self.kind.qs_bytes();
+        for b in 0..self.nb {
+            let rec = self.record(p, b);
+            for r in 0..PANEL {
+                let d = f16_at(&rec[qb + 2 * r..]);
+                for e in 0..QK {
+                    let v = match self.kind {
+                        Kind::Q8_0 => f32::from(rec[(e / 4) * 64 + r * 4 + e % 4] as i8) * d,
+                        kind => {
+                            let byte = rec[(e % 16 / 4) * 64 + r * 4 + e % 4];
+                            let q = if e < 16 { byte & 0x0F } else { byte >> 4 };
+                            if kind == Kind::Q4_0 {
+                                (i32::from(q) - 8) as f32 * d
+                            } else {
+                                f32::from(q) * d + f16_at(&rec[qb + 32 + 2 * r..])
+                            }
+                        }
+                    };
+                    dst[(b * QK + e) * PANEL + r] = v;
+                }
+            }
+        }
+    }
+
+    /// That `x` holds `m` rows of `k` and `out` `m` rows of `n`.
+    fn check_sizes(&self, x: &[f32], m: usize, out: &[f32]) -> Result<(), KernelError> {
+        if m.checked_mul(self.k) != Some(x.len()) || m.checked_mul(self.n) != Some(out.len()) {
+            return Err(bad_shape(
+                OP,
+                format!(
+                    "x has {} floats and out {} for m = {m} rows against panels [{}, {}]",
+                    x.len(),
+                    out.len(),
+                    self.n,
+                    self.k
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether [`QuantPanels::matmul`] is the faster kernel for `m`
@@ -342,18 +509,7 @@ impl QuantPanels {
             p if !PanelPath::available().contains(&p) => PanelPath::Scalar,
             p => p,
         };
-        if m.checked_mul(self.k) != Some(x.len()) || m.checked_mul(self.n) != Some(out.len()) {
-            return Err(bad_shape(
-                OP,
-                format!(
-                    "x has {} floats and out {} for m = {m} rows against panels [{}, {}]",
-                    x.len(),
-                    out.len(),
-                    self.n,
-                    self.k
-                ),
-            ));
-        }
+        self.check_sizes(x, m, out)?;
         if m == 0 {
             return Ok(());
         }
@@ -576,6 +732,56 @@ impl QuantPanels {
     }
 }
 
+/// How [`QuantPanels::matmul_dequant`] splits a product into tasks: one
+/// group of panel pairs per thread, and when there are fewer groups than
+/// threads (few columns, many threads) the rows into the number of blocks
+/// whose equal tasks take the fewest rounds per unit of work.
+#[derive(Debug, Clone, Copy)]
+struct DequantSplit {
+    m: usize,
+    panels: usize,
+    /// Panels per group (even, but for the last group).
+    per: usize,
+    row_blocks: usize,
+    groups: usize,
+}
+
+impl DequantSplit {
+    fn new(m: usize, panels: usize, threads: usize) -> DequantSplit {
+        let pairs = panels.div_ceil(2);
+        let per = pairs.div_ceil(threads.min(pairs).max(1)) * 2;
+        let groups = panels.div_ceil(per);
+        // At least 16 rows per block (a GEMM tile is up to 14).
+        let most = (m / 16).max(1).min(threads.div_ceil(groups));
+        let cost = |r: usize| (groups * r).div_ceil(threads) as f64 / r as f64;
+        let row_blocks = (1..=most)
+            .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))
+            .unwrap_or(1);
+        DequantSplit {
+            m,
+            panels,
+            per,
+            row_blocks,
+            groups,
+        }
+    }
+
+    fn tasks(&self) -> usize {
+        self.row_blocks * self.groups
+    }
+
+    /// Rows `r0..r1` and panels `p0..p1` of task `t`.
+    fn task(&self, t: usize) -> ((usize, usize), (usize, usize)) {
+        let (g, rb) = (t / self.row_blocks, t % self.row_blocks);
+        let row = |b: usize| self.m * b / self.row_blocks;
+        let p0 = g * self.per;
+        (
+            (row(rb), row(rb + 1)),
+            (p0, (p0 + self.per).min(self.panels)),
+        )
+    }
+}
+
 /// The output pointer shared by the tasks of one call (disjoint columns).
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
@@ -583,6 +789,14 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 // SAFETY: as above; no task reads what another writes.
 unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer `floats` past the start (the whole value is captured by
+    /// closures that call this, not its raw field).
+    fn at(self, floats: usize) -> *mut f32 {
+        self.0.wrapping_add(floats)
+    }
+}
 
 /// The activations of one call.
 enum Acts<'a> {
@@ -840,6 +1054,65 @@ mod vnni {
         };
         for c in 0..C {
             _mm512_mask_storeu_ps(a.out.add((c0 + c) * a.n), mask, acc[c]);
+        }
+    }
+
+    /// Panel `p` of `w` dequantized into `dst`, as
+    /// [`QuantPanels::dequant_panel`] says: per element `q * d (+ m)` with
+    /// a separate multiply and add, the arithmetic of
+    /// `rlx_formats::quant::dequantize`.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW; `p` is a panel of `w`; `dst` holds `w.k * 16` floats.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn dequant_panel(w: &QuantPanels, p: usize, dst: *mut f32) {
+        let (a, _) = Args::new(
+            w,
+            &Acts::F32 {
+                m: 0,
+                x: &[],
+                sums: Vec::new(),
+            },
+            p,
+            dst,
+        );
+        let qb = if w.kind == Kind::Q8_0 { 512 } else { 256 };
+        let table = nibble_table();
+        let eight = _mm512_set1_ps(8.0);
+        for b in 0..a.nb {
+            let rec = a.w.add(b * a.per);
+            let out = dst.add(b * QK * PANEL);
+            let dw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(qb) as *const __m256i));
+            if w.kind == Kind::Q8_0 {
+                for j in 0..8 {
+                    let v = _mm512_load_si512(rec.add(64 * j) as *const _);
+                    for t in 0..4 {
+                        let up = _mm512_sllv_epi32(v, _mm512_set1_epi32(24 - 8 * t as i32));
+                        let q = _mm512_cvtepi32_ps(_mm512_srai_epi32::<24>(up));
+                        _mm512_storeu_ps(out.add((4 * j + t) * PANEL), _mm512_mul_ps(q, dw));
+                    }
+                }
+                continue;
+            }
+            let mw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(qb + 32) as *const __m256i));
+            for j in 0..4 {
+                let v = _mm512_load_si512(rec.add(64 * j) as *const _);
+                for t in 0..4 {
+                    for (half, shift) in [(0, 8 * t as i32), (16, 8 * t as i32 + 4)] {
+                        let q = _mm512_permutexvar_ps(
+                            _mm512_srlv_epi32(v, _mm512_set1_epi32(shift)),
+                            table,
+                        );
+                        // Q4_0: q - 8 is exact, as ggml's integer subtraction.
+                        let y = if w.kind == Kind::Q4_0 {
+                            _mm512_mul_ps(_mm512_sub_ps(q, eight), dw)
+                        } else {
+                            _mm512_add_ps(_mm512_mul_ps(q, dw), mw)
+                        };
+                        _mm512_storeu_ps(out.add((half + 4 * j + t) * PANEL), y);
+                    }
+                }
+            }
         }
     }
 
@@ -1118,6 +1391,66 @@ mod avx2 {
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn halves(rec: *const u8, at: usize) -> __m256 {
         _mm256_cvtph_ps(_mm_loadu_si128(rec.add(at) as *const __m128i))
+    }
+
+    /// Panel `p` of `w` dequantized into `dst`, as the AVX-512 kernel of
+    /// the same name does, one half (rows `8h..8h + 8`) at a time.
+    ///
+    /// # Safety
+    /// AVX2 and F16C; `p` is a panel of `w`; `dst` holds `w.k * 16` floats.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn dequant_panel(w: &QuantPanels, p: usize, dst: *mut f32) {
+        let (a, _) = Args::new(
+            w,
+            &Acts::F32 {
+                m: 0,
+                x: &[],
+                sums: Vec::new(),
+            },
+            p,
+            dst,
+        );
+        let qb = if w.kind == Kind::Q8_0 { 512 } else { 256 };
+        let nib = _mm256_set1_epi32(0x0F);
+        let eight = _mm256_set1_ps(8.0);
+        for b in 0..a.nb {
+            let rec = a.w.add(b * a.per);
+            let out = dst.add(b * QK * 16);
+            for h in 0..2 {
+                let dw = halves(rec, qb + 16 * h);
+                let at = |e: usize| out.add(e * 16 + 8 * h);
+                if w.kind == Kind::Q8_0 {
+                    for j in 0..8 {
+                        let v = _mm256_loadu_si256(rec.add(64 * j + 32 * h) as *const __m256i);
+                        for t in 0..4 {
+                            let up = _mm256_sllv_epi32(v, _mm256_set1_epi32(24 - 8 * t as i32));
+                            let q = _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(up));
+                            _mm256_storeu_ps(at(4 * j + t), _mm256_mul_ps(q, dw));
+                        }
+                    }
+                    continue;
+                }
+                let mw = halves(rec, qb + 32 + 16 * h);
+                for j in 0..4 {
+                    let v = _mm256_loadu_si256(rec.add(64 * j + 32 * h) as *const __m256i);
+                    for t in 0..4 {
+                        for (half, shift) in [(0, 8 * t as i32), (16, 8 * t as i32 + 4)] {
+                            let qi = _mm256_and_si256(
+                                _mm256_srlv_epi32(v, _mm256_set1_epi32(shift)),
+                                nib,
+                            );
+                            let q = _mm256_cvtepi32_ps(qi);
+                            let y = if w.kind == Kind::Q4_0 {
+                                _mm256_mul_ps(_mm256_sub_ps(q, eight), dw)
+                            } else {
+                                _mm256_add_ps(_mm256_mul_ps(q, dw), mw)
+                            };
+                            _mm256_storeu_ps(at(half + 4 * j + t), y);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Stores rows `c0..c0 + C` of half `h` (columns `8h..8h + 8`, fewer
@@ -1436,6 +1769,62 @@ mod tests {
                     (u - v).abs() <= 1e-4 * (1.0 + v.abs()),
                     "{scheme:?} [{i}] {u} vs {v}"
                 );
+            }
+        }
+    }
+
+    /// The dequantizing prefill path is `gemm_packed` over the GGUF
+    /// weights dequantized by `rlx_formats`, bit for bit: every panel's
+    /// floats (vector and scalar), and the product over shapes with a
+    /// ragged last panel, several chunks per task, a K split into blocks
+    /// and more rows than one row block.
+    #[test]
+    fn dequantized_prefill_has_the_bits_of_the_f32_gemm_over_dequantized_weights() {
+        use crate::kernels::packed_gemm::gemm_packed;
+        let mut rng = Lcg(29);
+        for scheme in SCHEMES {
+            for (m, n, k) in [(33, 40, 96), (40, 200, 576), (130, 72, 1024), (97, 16, 64)] {
+                let w = random_w(scheme, n, k, &mut rng);
+                let x: Vec<f32> = (0..m * k).map(|_| rng.f() * 2.0).collect();
+                let panels = QuantPanels::pack(scheme, &w, n, k).unwrap();
+                let mut wf = vec![0.0f32; n * k];
+                dequantize(GgmlType::from(scheme), &w, n * k, &mut wf).unwrap();
+                for p in 0..n.div_ceil(PANEL) {
+                    for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512] {
+                        if !isa.supported() {
+                            continue;
+                        }
+                        let mut got = vec![f32::NAN; k * PANEL];
+                        panels.dequant_panel_isa(isa, p, &mut got);
+                        for (i, v) in got.iter().enumerate() {
+                            let (e, j) = (i / PANEL, p * PANEL + i % PANEL);
+                            let at = format!("{scheme:?} {isa:?} panel {p} [{i}]");
+                            if j >= n {
+                                // Padding rows: zero scales give (-)0.
+                                assert!(*v == 0.0, "{at}");
+                            } else {
+                                assert_eq!(v.to_bits(), wf[j * k + e].to_bits(), "{at}");
+                            }
+                        }
+                    }
+                }
+                let mut b = PackedB::empty();
+                b.repack_strided(&wf, k, n, 1, k).unwrap();
+                let mut want = vec![0.0f32; m * n];
+                gemm_packed(m, &x, k, &b, &mut want, n, None, None, false).unwrap();
+                for parallel in [false, true] {
+                    let mut got = vec![f32::NAN; m * n];
+                    panels.matmul_dequant(&x, m, &mut got, parallel).unwrap();
+                    for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            e.to_bits(),
+                            "{scheme:?} m={m} n={n} k={k} [{i}]"
+                        );
+                    }
+                }
+                let mut short = vec![0.0f32; m * n - 1];
+                assert!(panels.matmul_dequant(&x, m, &mut short, true).is_err());
             }
         }
     }
