@@ -428,10 +428,9 @@ pub fn run_matmul_packed(
     packed_gemm::gemm_packed(m, a, k, packed, o, packed.n(), bias, act, true)
 }
 
-/// A `DequantMatMul` over weights repacked into panels (the param read as
-/// input 1 is looked at only when the panels do not serve this row count:
-/// see [`quant_panels::QuantPanels::serves`]). Checks as [`run_op`] does,
-/// and that the panels are `[N, K]` of this node's shapes.
+/// A `DequantMatMul` over weights repacked into panels (the GGUF bytes read
+/// as input 1 are only checked, not read). Checks as [`run_op`] does, and
+/// that the panels are `[N, K]` of this node's shapes.
 pub fn run_dequant_panels(
     op: &Op,
     inputs: &[In<'_>],
@@ -460,9 +459,6 @@ pub fn run_dequant_panels(
         ));
     }
     let m = in_shapes[0].numel() / k.max(1);
-    if !panels.serves(*activations, m) {
-        return run_op(op, inputs, in_shapes, out, out_shape);
-    }
     let x = f32_in(name, &inputs[0], 0)?;
     let o = f32_out(name, &mut out)?;
     panels.matmul(*activations, x, m, o, true)

@@ -159,13 +159,19 @@ impl PanelPath {
     }
 }
 
-/// The most `F32` activation rows the AVX2 path runs on panels (see
-/// [`QuantPanels::serves`]). Measured on a shared 2-vCPU AMD EPYC (AVX2),
-/// Q4_1 `[3072, 576]`, 2 threads, ms per matmul, panels against the
-/// GGUF-layout kernel: 8 rows 0.57 / 1.62, 16 rows 1.18 / 3.41, 32 rows
-/// 3.24 / 4.53, 64 rows 7.9 / 8.0. The batched decode steps of
-/// `LlamaModel::decode_batch` (up to 16 rows) so stay on panels, whose
-/// rows are bit for bit the one-row product.
+/// The most `F32` activation rows [`QuantPanels::matmul`] runs on the
+/// panel kernels; more rows dequantize the panels for the f32 GEMM
+/// ([`QuantPanels::matmul_dequant`]). The batched decode steps of
+/// `LlamaModel::decode_batch` (up to 16 rows) so stay on panels, whose rows
+/// are bit for bit the one-row product. Measured, SmolLM2-135M Q4_1
+/// prefill of 128 tokens, 2 threads, 2-vCPU AMD EPYC Zen 4, tok/s, 4
+/// interleaved rounds: under `RLX_CPU_ISA=avx2` the GGUF-layout tile
+/// kernel (this path's predecessor on AVX2, dequantized tiles into the
+/// `gemm` crate and a transpose) 485-592 against 565-667 dequantized
+/// panels; on AVX-512 the panel kernel already ran at about 86% of the FMA
+/// peak on Zen 4, where the two are level (586-815 against 673-842), while
+/// on the 16-core Xeon it reached about 36% (the widening shifts and
+/// permutes share ports 0 and 5 with the FMAs there).
 pub const F32_PANEL_MAX_ROWS: usize = 32;
 
 /// Dequantized panels one task of [`QuantPanels::matmul_dequant`] holds at
@@ -326,7 +332,7 @@ impl QuantPanels {
         let path = PanelPath::active();
         if activations == ActivationPrecision::F32
             && m > F32_PANEL_MAX_ROWS
-            && matches!(path, PanelPath::Vnni512 | PanelPath::Amx)
+            && path != PanelPath::Scalar
         {
             return self.matmul_dequant(x, m, out, parallel);
         }
@@ -335,14 +341,15 @@ impl QuantPanels {
 
     /// `out [m, n] = x [m, k] x Ŵ^T` for `F32` activations with `Ŵ` the
     /// dequantized weights, exactly as `rlx_formats::quant::dequantize`
-    /// gives them (the padding rows of the last panel may give -0): each task dequantizes its share of the panels, an
+    /// gives them (the padding rows of the last panel may give -0): each
+    /// task dequantizes its share of the panels, an
     /// L2-sized chunk at a time, into an f32 packing (one per thread,
     /// reused) and runs the f32 GEMM of [`super::packed_gemm`] over every
     /// row against it, so the result has the bits of `gemm_packed` over the
     /// packed dequantized matrix. What [`QuantPanels::matmul`] runs past
-    /// [`F32_PANEL_MAX_ROWS`] rows on AVX-512: the panel kernel widens every
-    /// weight with shifts and permutes on the FMA ports for each 8 rows,
-    /// where this pays one widening per weight for all rows.
+    /// [`F32_PANEL_MAX_ROWS`] rows on AVX2 and AVX-512: the panel kernel
+    /// widens every weight again for each 8 rows, where this pays one
+    /// widening per weight for all rows.
     pub fn matmul_dequant(
         &self,
         x: &[f32],
@@ -480,18 +487,6 @@ impl QuantPanels {
             ));
         }
         Ok(())
-    }
-
-    /// Whether [`QuantPanels::matmul`] is the faster kernel for `m`
-    /// activation rows here. Not for `F32` activations past
-    /// [`F32_PANEL_MAX_ROWS`] (32) rows on the AVX2 path: there the
-    /// GGUF-layout kernel (dequantize a tile, then the f32 GEMM) wins
-    /// (SmolLM2 prefill of 128 tokens, 2-thread Zen 3: 382 tok/s against
-    /// 335 on panels; int8 prefill and every decode are faster on panels).
-    pub fn serves(&self, activations: ActivationPrecision, m: usize) -> bool {
-        !(activations == ActivationPrecision::F32
-            && m > F32_PANEL_MAX_ROWS
-            && PanelPath::active() == PanelPath::Avx2)
     }
 
     /// [`QuantPanels::matmul`] with a chosen kernel.
