@@ -78,11 +78,21 @@ mod tests {
 
     #[test]
     fn fma_peak_bounds_the_gemm_peak() {
-        let fma = measure_fma_peak(50);
-        let gemm = measure_gemm_peak(50);
-        assert!(fma > 0.0 && gemm > 0.0, "fma {fma} gemm {gemm}");
         // A GEMM that streams memory cannot beat a loop that never leaves
-        // registers (allow noise from a shared machine).
-        assert!(gemm < fma * 1.3, "gemm {gemm} vs fma {fma} GFLOP/s");
+        // registers (allow noise from a shared machine). Other tests of
+        // this binary run beside this one and can take the cores during
+        // either measurement, so a failing pair is measured again, up to
+        // five times: a GEMM really faster than the FMA loop fails all.
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let fma = measure_fma_peak(50);
+            let gemm = measure_gemm_peak(50);
+            assert!(fma > 0.0 && gemm > 0.0, "fma {fma} gemm {gemm}");
+            if gemm < fma * 1.3 {
+                return;
+            }
+            seen.push((gemm, fma));
+        }
+        panic!("gemm vs fma GFLOP/s, every try: {seen:?}");
     }
 }

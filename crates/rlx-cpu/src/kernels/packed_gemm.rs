@@ -528,6 +528,79 @@ pub(crate) unsafe fn gemm_packed_serial_into(
     Ok(())
 }
 
+/// How a product computed by [`gemm_packed_serial_into`] tasks splits:
+/// one
+/// group of panel pairs per thread, and when there are fewer groups than
+/// threads (few columns, many threads) the rows into the number of blocks
+/// whose equal tasks take the fewest rounds per unit of work.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PanelSplit {
+    m: usize,
+    panels: usize,
+    /// Panels per group (even, but for the last group).
+    per: usize,
+    row_blocks: usize,
+    groups: usize,
+}
+
+impl PanelSplit {
+    pub(crate) fn new(m: usize, panels: usize, threads: usize) -> PanelSplit {
+        let pairs = panels.div_ceil(2);
+        let per = pairs.div_ceil(threads.min(pairs).max(1)) * 2;
+        let groups = panels.div_ceil(per);
+        // At least 16 rows per block (a GEMM tile is up to 14).
+        let most = (m / 16).max(1).min(threads.div_ceil(groups));
+        let cost = |r: usize| (groups * r).div_ceil(threads) as f64 / r as f64;
+        let row_blocks = (1..=most)
+            .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))
+            .unwrap_or(1);
+        PanelSplit {
+            m,
+            panels,
+            per,
+            row_blocks,
+            groups,
+        }
+    }
+
+    pub(crate) fn tasks(&self) -> usize {
+        self.row_blocks * self.groups
+    }
+
+    /// Rows `r0..r1` and panels `p0..p1` of task `t`.
+    pub(crate) fn task(&self, t: usize) -> ((usize, usize), (usize, usize)) {
+        let (g, rb) = (t / self.row_blocks, t % self.row_blocks);
+        let row = |b: usize| self.m * b / self.row_blocks;
+        let p0 = g * self.per;
+        (
+            (row(rb), row(rb + 1)),
+            (p0, (p0 + self.per).min(self.panels)),
+        )
+    }
+}
+
+thread_local! {
+    /// The calling thread's scratch for products whose right-hand side is
+    /// made per call (dequantized weights): a packing and a float buffer.
+    static SCRATCH: std::cell::RefCell<(PackedB, Vec<f32>)> =
+        std::cell::RefCell::new((PackedB::empty(), Vec::new()));
+}
+
+/// Run `f` on this thread's scratch packing and float buffer (both only
+/// grow). A task stolen while this one waits inside `f` may call here
+/// again on the same thread: it then gets scratch of its own.
+pub(crate) fn with_scratch<R>(f: impl FnOnce(&mut PackedB, &mut Vec<f32>) -> R) -> R {
+    SCRATCH.with(|cell| {
+        let mut own = (PackedB::empty(), Vec::new());
+        let mut held = cell.try_borrow_mut();
+        let (b, buf) = match held.as_mut() {
+            Ok(s) => &mut **s,
+            Err(_) => &mut own,
+        };
+        f(b, buf)
+    })
+}
+
 /// The checks of a product's `m >= 1` rows of A and its bias.
 fn check_a_bias(
     m: usize,

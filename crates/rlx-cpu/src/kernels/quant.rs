@@ -9,16 +9,17 @@
 //!   decoders for Q4_0, Q5_0, Q4_K, Q5_K and Q6_K, bit-exact with
 //!   `rlx_formats::quant::dequantize`) and dot it.
 //!   Rows are split over the rayon pool in chunks.
-//! - `m > 1` (prefill): tiles of [`tile_rows`] weight rows are dequantized
-//!   (`dequant_rows`) into an f32 scratch tile and multiplied with `gemm`, producing `y^T`
-//!   tile by tile (disjoint, so tiles run in parallel); `y^T` is then
-//!   transposed into `y`.
+//! - `m > 1` (prefill): the output splits into (row block, column group)
+//!   tasks; each dequantizes [`tile_rows`] weight rows at a time
+//!   (`dequant_rows`), packs them as `W^T` panels and runs the packed f32
+//!   GEMM of [`super::packed_gemm`] over its rows, writing `y` in place.
 //!
 //! Numerics: weights dequantize exactly as ggml does (`x = q * d + m` in f32
 //! for the scalar paths); the fused Q4_1 path factors the block as
 //! `d * Σ q x + m * Σ x`, which differs from the dequantize-then-dot result
 //! only by f32 rounding (relative to `Σ |x| |w|`).
 
+use super::packed_gemm::{gemm_packed_serial_into, with_scratch, PanelSplit, NR};
 use super::quant_rows::dequant_rows;
 use super::{bad_shape, exact_len, num_threads, simd, KernelError, PAR_MIN_ELEMS};
 use crate::isa::Isa;
@@ -40,13 +41,12 @@ pub(crate) const GEMV_MIN_CHUNK: usize = 1 << 15;
 /// (1 thread, Zen 3, 1536 x 576 Q4_1: 4 rows 0.25 ms vs 0.73 ms tiled).
 pub(crate) const GEMV_MAX_ROWS: usize = 8;
 
-/// Weight rows dequantized per tile in the `m > 1` path for `n` rows of
-/// `k`: about 1 MiB of f32 (32 to 256 rows; larger tiles amortize gemm's
-/// packing), but small enough that every rayon thread gets two tiles.
-pub fn tile_rows(k: usize, n: usize) -> usize {
-    let by_bytes = (262_144 / k.max(1)).clamp(32, 256);
-    let by_threads = n.div_ceil(2 * num_threads()).next_multiple_of(16);
-    by_bytes.min(by_threads).max(16)
+/// Weight rows dequantized per chunk in the `m > 1` path for rows of `k`
+/// elements: about 256 KiB of f32 (16 to 256 rows, whole panels), so that a
+/// chunk's packing stays in L2 while every row block of the activations
+/// goes by.
+pub fn tile_rows(k: usize) -> usize {
+    (65_536 / k.max(1)).clamp(16, 256) / 16 * 16
 }
 
 /// [`dequant_matmul`] with the activations rounded as `activations` says:
@@ -289,7 +289,7 @@ simd::simd_dispatch! {
     }
 }
 
-/// `m > 1`: dequantize tiles of W rows and multiply with gemm into `y^T`.
+/// `m > 1`: dequantize chunks of W rows and multiply with the packed GEMM.
 #[allow(clippy::too_many_arguments)]
 fn gemm_tiled(
     scheme: QuantScheme,
@@ -302,10 +302,15 @@ fn gemm_tiled(
     out: &mut [f32],
     parallel: bool,
 ) -> Result<(), KernelError> {
-    gemm_tiled_with(scheme, x, m, k, w, rb, n, out, parallel, tile_rows(k, n))
+    gemm_tiled_with(scheme, x, m, k, w, rb, n, out, parallel, tile_rows(k))
 }
 
-/// [`gemm_tiled`] with an explicit tile height `t` (> 0).
+/// [`gemm_tiled`] with chunks of `t` weight rows (rounded up to whole
+/// 16-column panels): each task takes a rectangle of `out`
+/// ([`PanelSplit`]), and per chunk of its columns dequantizes those weight
+/// rows ([`dequant_rows`]), packs them as `W^T` panels and runs the packed
+/// GEMM over its rows, writing `out` in place. Scratch is per thread and
+/// reused.
 #[allow(clippy::too_many_arguments)]
 fn gemm_tiled_with(
     scheme: QuantScheme,
@@ -321,34 +326,64 @@ fn gemm_tiled_with(
 ) -> Result<(), KernelError> {
     let ty = GgmlType::from(scheme);
     let isa = Isa::active();
-    let mut yt = vec![0.0f32; n * m];
-    let tile = |buf: &mut Vec<f32>, yt_tile: &mut [f32], w_tile: &[u8]| {
-        let rows = yt_tile.len() / m;
-        let wf = &mut buf[..rows * k];
-        dequant_rows(isa, ty, w_tile, rows * k, wf)
-            .map_err(|e| bad_shape(OP, format!("dequantizing a weight tile: {e}")))?;
-        // y^T tile [rows, m] = W tile [rows, k] x x^T.
-        super::matmul::gemm_bt(rows, m, k, wf, k, x, k, yt_tile, m, false, false)
+    let threads = if parallel { num_threads() } else { 1 };
+    let split = PanelSplit::new(m, n.div_ceil(NR), threads);
+    let chunk = t.div_ceil(NR).max(1);
+    let dst = OutPtr(out.as_mut_ptr());
+    let run = |task: usize| {
+        let ((r0, r1), (p0, p1)) = split.task(task);
+        for c0 in (p0..p1).step_by(chunk) {
+            let (j0, j1) = (c0 * NR, ((c0 + chunk).min(p1) * NR).min(n));
+            with_scratch(|b, buf| {
+                let need = (j1 - j0) * k;
+                if buf.len() < need {
+                    buf.resize(need, 0.0);
+                }
+                let wf = &mut buf[..need];
+                dequant_rows(isa, ty, &w[j0 * rb..j1 * rb], need, wf).map_err(|e| {
+                    bad_shape(OP, format!("dequantizing weight rows {j0}..{j1}: {e}"))
+                })?;
+                // B [k, cols] = W^T: element (p, j) at wf[j * k + p].
+                b.repack_strided(wf, k, j1 - j0, 1, k)?;
+                // SAFETY: tasks cover disjoint (row range, column range)
+                // rectangles of `out`, so this one alone writes rows
+                // `r0..r1`, columns `j0..j1`; `out` holds `m * n` floats
+                // (checked by the caller) and outlives the tasks.
+                unsafe {
+                    gemm_packed_serial_into(
+                        r1 - r0,
+                        &x[r0 * k..r1 * k],
+                        k,
+                        b,
+                        dst.at(r0 * n + j0),
+                        n,
+                    )
+                }
+            })?;
+        }
+        Ok(())
     };
-    if parallel {
-        yt.par_chunks_mut(t * m)
-            .zip(w.par_chunks(t * rb))
-            .try_for_each_init(
-                || vec![0.0f32; t * k],
-                |buf, (yt_tile, w_tile)| tile(buf, yt_tile, w_tile),
-            )?;
+    if split.tasks() == 1 {
+        run(0)
     } else {
-        let mut buf = vec![0.0f32; t * k];
-        for (yt_tile, w_tile) in yt.chunks_mut(t * m).zip(w.chunks(t * rb)) {
-            tile(&mut buf, yt_tile, w_tile)?;
-        }
+        (0..split.tasks()).into_par_iter().try_for_each(run)
     }
-    for (i, orow) in out.chunks_exact_mut(n).enumerate() {
-        for (j, o) in orow.iter_mut().enumerate() {
-            *o = yt[j * m + i];
-        }
+}
+
+/// The output pointer shared by the tasks of one call (disjoint elements).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements through it (see `gemm_tiled_with`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above; no task reads what another writes.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer `floats` past the start (closures capture the whole
+    /// value through this, not its raw field).
+    fn at(self, floats: usize) -> *mut f32 {
+        self.0.wrapping_add(floats)
     }
-    Ok(())
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -881,11 +916,7 @@ mod bench {
                 .zip(&best)
                 .map(|(t, b)| format!("{t}:{b:.0}us"))
                 .collect();
-            println!(
-                "n={n} k={k} (default {}): {}",
-                tile_rows(k, n),
-                row.join(" ")
-            );
+            println!("n={n} k={k} (default {}): {}", tile_rows(k), row.join(" "));
         }
     }
 

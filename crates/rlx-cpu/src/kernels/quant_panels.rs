@@ -52,7 +52,7 @@ use super::quant_q8::{quantize_rows, QK};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod amx;
-use super::packed_gemm::{gemm_packed_serial_into, PackedB, NR};
+use super::packed_gemm::{gemm_packed_serial_into, with_scratch, PanelSplit, NR};
 use super::{bad_shape, KernelError};
 use crate::isa::{CpuFeatures, Isa};
 use rayon::prelude::*;
@@ -178,11 +178,6 @@ pub const F32_PANEL_MAX_ROWS: usize = 32;
 /// a time: an L2-sized share, so that the f32 GEMM reads them from L2 for
 /// every row block of the activations.
 const DEQUANT_CHUNK_BYTES: usize = 256 * 1024;
-
-thread_local! {
-    /// The calling thread's dequantized panels ([`QuantPanels::matmul_dequant`]).
-    static DEQUANT: std::cell::RefCell<PackedB> = std::cell::RefCell::new(PackedB::empty());
-}
 
 /// Whether `DequantMatMul`s over `scheme` weights should run on panels
 /// here: the scheme has a panel layout and either the CPU runs a vector
@@ -367,32 +362,22 @@ impl QuantPanels {
         } else {
             1
         };
-        let split = DequantSplit::new(m, self.n.div_ceil(PANEL), threads);
+        let split = PanelSplit::new(m, self.n.div_ceil(PANEL), threads);
         // Chunks of whole panel pairs: the AVX-512 GEMM runs two panels at
         // a time.
         let chunk = (DEQUANT_CHUNK_BYTES / (k * 4 * PANEL) / 2 * 2).max(2);
         let dst = OutPtr(out.as_mut_ptr());
-        let failed = std::sync::Mutex::new(None);
         let run = |t: usize| {
             let ((r0, r1), (p0, p1)) = split.task(t);
             for c0 in (p0..p1).step_by(chunk) {
                 let c1 = (c0 + chunk).min(p1);
                 let cols = (c1 * PANEL).min(self.n) - c0 * PANEL;
-                let res = DEQUANT.with(|cell| {
-                    // A task stolen while this one runs would find the
-                    // buffer taken: it then packs into its own.
-                    let mut own = PackedB::empty();
-                    let mut held = cell.try_borrow_mut();
-                    let b = match held.as_mut() {
-                        Ok(b) => &mut **b,
-                        Err(_) => &mut own,
-                    };
+                with_scratch(|b, _| {
                     b.refill_f32(k, cols, |f| {
                         for (p, dst) in (c0..c1).zip(f.chunks_exact_mut(k * NR)) {
                             self.dequant_panel(p, dst);
                         }
                     });
-                    let rows = &x[r0 * k..r1 * k];
                     // SAFETY: tasks cover disjoint (row range, panel range)
                     // rectangles, so this one alone writes rows `r0..r1`,
                     // columns `c0 * 16..c0 * 16 + cols` of `out`, which
@@ -400,23 +385,16 @@ impl QuantPanels {
                     // tasks.
                     unsafe {
                         let c = dst.at(r0 * self.n + c0 * PANEL);
-                        gemm_packed_serial_into(r1 - r0, rows, k, b, c, self.n)
+                        gemm_packed_serial_into(r1 - r0, &x[r0 * k..r1 * k], k, b, c, self.n)
                     }
-                });
-                if let Err(e) = res {
-                    *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                    return;
-                }
+                })?;
             }
+            Ok(())
         };
         if split.tasks() == 1 {
-            run(0);
+            run(0)
         } else {
-            (0..split.tasks()).into_par_iter().for_each(run);
-        }
-        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            Some(e) => Err(e),
-            None => Ok(()),
+            (0..split.tasks()).into_par_iter().try_for_each(run)
         }
     }
 
@@ -724,56 +702,6 @@ impl QuantPanels {
                 unsafe { *out.add(c * self.n + p * PANEL + r) = v };
             }
         }
-    }
-}
-
-/// How [`QuantPanels::matmul_dequant`] splits a product into tasks: one
-/// group of panel pairs per thread, and when there are fewer groups than
-/// threads (few columns, many threads) the rows into the number of blocks
-/// whose equal tasks take the fewest rounds per unit of work.
-#[derive(Debug, Clone, Copy)]
-struct DequantSplit {
-    m: usize,
-    panels: usize,
-    /// Panels per group (even, but for the last group).
-    per: usize,
-    row_blocks: usize,
-    groups: usize,
-}
-
-impl DequantSplit {
-    fn new(m: usize, panels: usize, threads: usize) -> DequantSplit {
-        let pairs = panels.div_ceil(2);
-        let per = pairs.div_ceil(threads.min(pairs).max(1)) * 2;
-        let groups = panels.div_ceil(per);
-        // At least 16 rows per block (a GEMM tile is up to 14).
-        let most = (m / 16).max(1).min(threads.div_ceil(groups));
-        let cost = |r: usize| (groups * r).div_ceil(threads) as f64 / r as f64;
-        let row_blocks = (1..=most)
-            .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))
-            .unwrap_or(1);
-        DequantSplit {
-            m,
-            panels,
-            per,
-            row_blocks,
-            groups,
-        }
-    }
-
-    fn tasks(&self) -> usize {
-        self.row_blocks * self.groups
-    }
-
-    /// Rows `r0..r1` and panels `p0..p1` of task `t`.
-    fn task(&self, t: usize) -> ((usize, usize), (usize, usize)) {
-        let (g, rb) = (t / self.row_blocks, t % self.row_blocks);
-        let row = |b: usize| self.m * b / self.row_blocks;
-        let p0 = g * self.per;
-        (
-            (row(rb), row(rb + 1)),
-            (p0, (p0 + self.per).min(self.panels)),
-        )
     }
 }
 
@@ -1775,7 +1703,7 @@ mod tests {
     /// and more rows than one row block.
     #[test]
     fn dequantized_prefill_has_the_bits_of_the_f32_gemm_over_dequantized_weights() {
-        use crate::kernels::packed_gemm::gemm_packed;
+        use crate::kernels::packed_gemm::{gemm_packed, PackedB};
         let mut rng = Lcg(29);
         for scheme in SCHEMES {
             for (m, n, k) in [(33, 40, 96), (40, 200, 576), (130, 72, 1024), (97, 16, 64)] {
