@@ -567,6 +567,19 @@ impl PanelSplit {
         self.row_blocks * self.groups
     }
 
+    /// `f(t)` for every task `t`, on the rayon pool when there are
+    /// several; the first error.
+    pub(crate) fn run(
+        &self,
+        f: impl Fn(usize) -> Result<(), KernelError> + Sync + Send,
+    ) -> Result<(), KernelError> {
+        if self.tasks() == 1 {
+            f(0)
+        } else {
+            (0..self.tasks()).into_par_iter().try_for_each(f)
+        }
+    }
+
     /// Rows `r0..r1` and panels `p0..p1` of task `t`.
     pub(crate) fn task(&self, t: usize) -> ((usize, usize), (usize, usize)) {
         let (g, rb) = (t / self.row_blocks, t % self.row_blocks);

@@ -20,10 +20,10 @@
 //! only by f32 rounding (relative to `Σ |x| |w|`).
 
 use super::packed_gemm::{gemm_packed_serial_into, with_scratch, PanelSplit, NR};
+use super::quant_panels::OutPtr;
 use super::quant_rows::dequant_rows;
 use super::{bad_shape, exact_len, num_threads, simd, KernelError, PAR_MIN_ELEMS};
 use crate::isa::Isa;
-use rayon::prelude::*;
 use rlx_formats::GgmlType;
 use rlx_ir::{ActivationPrecision, QuantScheme};
 
@@ -363,27 +363,7 @@ fn gemm_tiled_with(
         }
         Ok(())
     };
-    if split.tasks() == 1 {
-        run(0)
-    } else {
-        (0..split.tasks()).into_par_iter().try_for_each(run)
-    }
-}
-
-/// The output pointer shared by the tasks of one call (disjoint elements).
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint elements through it (see `gemm_tiled_with`).
-unsafe impl Send for OutPtr {}
-// SAFETY: as above; no task reads what another writes.
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The pointer `floats` past the start (closures capture the whole
-    /// value through this, not its raw field).
-    fn at(self, floats: usize) -> *mut f32 {
-        self.0.wrapping_add(floats)
-    }
+    split.run(run)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -315,7 +315,8 @@ impl QuantPanels {
     /// up to the order of the f32 additions). `F32`: `x̂ = x`, and per block
     /// `y += d_w Σ q_w x` (`- 8 Σ x` inside for Q4_0) `+ m_w Σ x` (Q4_1),
     /// the products formed in f32 (the dequantized product up to f32
-    /// rounding).
+    /// rounding), up to [`F32_PANEL_MAX_ROWS`] rows; more `F32` rows run
+    /// [`QuantPanels::matmul_dequant`] (but on the scalar path).
     pub fn matmul(
         &self,
         activations: ActivationPrecision,
@@ -391,11 +392,7 @@ impl QuantPanels {
             }
             Ok(())
         };
-        if split.tasks() == 1 {
-            run(0)
-        } else {
-            (0..split.tasks()).into_par_iter().try_for_each(run)
-        }
+        split.run(run)
     }
 
     /// Panel `p` dequantized into `dst` (`k x 16` floats, element `e` of
@@ -603,6 +600,18 @@ impl QuantPanels {
         }
     }
 
+    /// Panel `p`'s first block record and the bytes between records.
+    #[cfg(target_arch = "x86_64")]
+    fn panel_records(&self, p: usize) -> (*const u8, usize) {
+        let per = self.kind.lines() * 64;
+        (
+            self.lines[p * self.nb * self.kind.lines()..]
+                .as_ptr()
+                .cast(),
+            per,
+        )
+    }
+
     fn record(&self, p: usize, b: usize) -> &[u8] {
         let per = self.kind.lines();
         let rec = &self.lines[(p * self.nb + b) * per..][..per];
@@ -707,7 +716,7 @@ impl QuantPanels {
 
 /// The output pointer shared by the tasks of one call (disjoint columns).
 #[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(pub(crate) *mut f32);
 // SAFETY: tasks write disjoint elements through it (see `matmul_path`).
 unsafe impl Send for OutPtr {}
 // SAFETY: as above; no task reads what another writes.
@@ -716,7 +725,7 @@ unsafe impl Sync for OutPtr {}
 impl OutPtr {
     /// The pointer `floats` past the start (the whole value is captured by
     /// closures that call this, not its raw field).
-    fn at(self, floats: usize) -> *mut f32 {
+    pub(crate) fn at(self, floats: usize) -> *mut f32 {
         self.0.wrapping_add(floats)
     }
 }
@@ -989,21 +998,12 @@ mod vnni {
     /// AVX-512 F/BW; `p` is a panel of `w`; `dst` holds `w.k * 16` floats.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn dequant_panel(w: &QuantPanels, p: usize, dst: *mut f32) {
-        let (a, _) = Args::new(
-            w,
-            &Acts::F32 {
-                m: 0,
-                x: &[],
-                sums: Vec::new(),
-            },
-            p,
-            dst,
-        );
+        let (rec0, per) = w.panel_records(p);
         let qb = if w.kind == Kind::Q8_0 { 512 } else { 256 };
         let table = nibble_table();
         let eight = _mm512_set1_ps(8.0);
-        for b in 0..a.nb {
-            let rec = a.w.add(b * a.per);
+        for b in 0..w.nb {
+            let rec = rec0.add(b * per);
             let out = dst.add(b * QK * PANEL);
             let dw = _mm512_cvtph_ps(_mm256_load_si256(rec.add(qb) as *const __m256i));
             if w.kind == Kind::Q8_0 {
@@ -1323,21 +1323,12 @@ mod avx2 {
     /// AVX2 and F16C; `p` is a panel of `w`; `dst` holds `w.k * 16` floats.
     #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn dequant_panel(w: &QuantPanels, p: usize, dst: *mut f32) {
-        let (a, _) = Args::new(
-            w,
-            &Acts::F32 {
-                m: 0,
-                x: &[],
-                sums: Vec::new(),
-            },
-            p,
-            dst,
-        );
+        let (rec0, per) = w.panel_records(p);
         let qb = if w.kind == Kind::Q8_0 { 512 } else { 256 };
         let nib = _mm256_set1_epi32(0x0F);
         let eight = _mm256_set1_ps(8.0);
-        for b in 0..a.nb {
-            let rec = a.w.add(b * a.per);
+        for b in 0..w.nb {
+            let rec = rec0.add(b * per);
             let out = dst.add(b * QK * 16);
             for h in 0..2 {
                 let dw = halves(rec, qb + 16 * h);
