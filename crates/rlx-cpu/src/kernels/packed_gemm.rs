@@ -19,7 +19,7 @@
 //! still in L1.
 
 use super::elementwise::apply_activation;
-use super::{bad_shape, need_len, num_threads, KernelError};
+use super::{bad_shape, exact_len, need_len, num_threads, KernelError};
 use crate::isa::Isa;
 use rayon::prelude::*;
 use rlx_ir::Activation;
@@ -478,16 +478,68 @@ pub fn gemm_packed_with(
     Ok(())
 }
 
+/// `C[m, n] = A[m, k] x B` (C row-major, its old contents never read) for
+/// a B made per call a chunk of columns at a time: the dequantized weights
+/// of a quantized matmul. `make(j0, j1, packing, buf)` fills `packing` with
+/// B's columns `j0..j1` (a multiple of 16 apart but for the last), `buf`
+/// being float scratch it may use. C splits into [`PanelSplit`] tasks on
+/// `threads` threads; each makes its columns `chunk` panels at a time into
+/// this thread's scratch (reused across calls) and multiplies its rows
+/// against them in place, so B is never whole in memory and C needs no
+/// copy. The same bits as [`gemm_packed`] over the whole B.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_chunked_b(
+    m: usize,
+    a: &[f32],
+    k: usize,
+    n: usize,
+    c: &mut [f32],
+    threads: usize,
+    chunk: usize,
+    make: impl Fn(usize, usize, &mut PackedB, &mut Vec<f32>) -> Result<(), KernelError> + Sync,
+) -> Result<(), KernelError> {
+    exact_len(OP, "A", a.len(), m * k)?;
+    exact_len(OP, "C", c.len(), m * n)?;
+    let split = PanelSplit::new(m, n.div_ceil(NR), threads);
+    let chunk = chunk.max(1);
+    let cptr = SharedC(c.as_mut_ptr());
+    split.run(|t| {
+        let ((r0, r1), (p0, p1)) = split.task(t);
+        for c0 in (p0..p1).step_by(chunk) {
+            let (j0, j1) = (c0 * NR, ((c0 + chunk).min(p1) * NR).min(n));
+            with_scratch(|b, buf| {
+                make(j0, j1, b, buf)?;
+                if (b.k, b.n) != (k, j1 - j0) {
+                    return Err(bad_shape(OP, "a made chunk of B has the wrong shape"));
+                }
+                // SAFETY: tasks cover disjoint (row range, column range)
+                // rectangles of C, so this one alone writes rows `r0..r1`,
+                // columns `j0..j1`; C holds `m * n` floats (checked above)
+                // and is borrowed exclusively for the call.
+                unsafe {
+                    gemm_packed_serial_into(
+                        r1 - r0,
+                        &a[r0 * k..r1 * k],
+                        k,
+                        b,
+                        cptr.at(r0 * n + j0),
+                        n,
+                    )
+                }
+            })?;
+        }
+        Ok(())
+    })
+}
+
 /// [`gemm_packed`] on the calling thread into a C given as a pointer, in
 /// row blocks of [`MC`] rows (each block's A stays in L2 while the panels
 /// go by), with no bias or activation: the same bits as [`gemm_packed`].
-/// For kernels that split one product's columns over threads themselves
-/// (the dequantized weight panels of `quant_panels`).
 ///
 /// # Safety
 /// `c` points at `m` rows `ldc >= b.n()` floats apart, each with `b.n()`
 /// writable floats that no one else reads or writes while this runs.
-pub(crate) unsafe fn gemm_packed_serial_into(
+unsafe fn gemm_packed_serial_into(
     m: usize,
     a: &[f32],
     lda: usize,
@@ -528,13 +580,12 @@ pub(crate) unsafe fn gemm_packed_serial_into(
     Ok(())
 }
 
-/// How a product computed by [`gemm_packed_serial_into`] tasks splits:
-/// one
-/// group of panel pairs per thread, and when there are fewer groups than
+/// How [`gemm_chunked_b`] splits C into tasks: one group of 16-column
+/// panel pairs per thread, and when there are fewer groups than
 /// threads (few columns, many threads) the rows into the number of blocks
 /// whose equal tasks take the fewest rounds per unit of work.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct PanelSplit {
+struct PanelSplit {
     m: usize,
     panels: usize,
     /// Panels per group (even, but for the last group).
@@ -544,7 +595,7 @@ pub(crate) struct PanelSplit {
 }
 
 impl PanelSplit {
-    pub(crate) fn new(m: usize, panels: usize, threads: usize) -> PanelSplit {
+    fn new(m: usize, panels: usize, threads: usize) -> PanelSplit {
         let pairs = panels.div_ceil(2);
         let per = pairs.div_ceil(threads.min(pairs).max(1)) * 2;
         let groups = panels.div_ceil(per);
@@ -563,13 +614,13 @@ impl PanelSplit {
         }
     }
 
-    pub(crate) fn tasks(&self) -> usize {
+    fn tasks(&self) -> usize {
         self.row_blocks * self.groups
     }
 
     /// `f(t)` for every task `t`, on the rayon pool when there are
     /// several; the first error.
-    pub(crate) fn run(
+    fn run(
         &self,
         f: impl Fn(usize) -> Result<(), KernelError> + Sync + Send,
     ) -> Result<(), KernelError> {
@@ -581,7 +632,7 @@ impl PanelSplit {
     }
 
     /// Rows `r0..r1` and panels `p0..p1` of task `t`.
-    pub(crate) fn task(&self, t: usize) -> ((usize, usize), (usize, usize)) {
+    fn task(&self, t: usize) -> ((usize, usize), (usize, usize)) {
         let (g, rb) = (t / self.row_blocks, t % self.row_blocks);
         let row = |b: usize| self.m * b / self.row_blocks;
         let p0 = g * self.per;
@@ -602,7 +653,7 @@ thread_local! {
 /// Run `f` on this thread's scratch packing and float buffer (both only
 /// grow). A task stolen while this one waits inside `f` may call here
 /// again on the same thread: it then gets scratch of its own.
-pub(crate) fn with_scratch<R>(f: impl FnOnce(&mut PackedB, &mut Vec<f32>) -> R) -> R {
+fn with_scratch<R>(f: impl FnOnce(&mut PackedB, &mut Vec<f32>) -> R) -> R {
     SCRATCH.with(|cell| {
         let mut own = (PackedB::empty(), Vec::new());
         let mut held = cell.try_borrow_mut();
@@ -1059,11 +1110,19 @@ fn with_a16(m: usize, k: usize, f: impl FnOnce(&mut [u16])) {
 /// C's base pointer, shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
 struct SharedC(*mut f32);
-// SAFETY: only used by `gemm_packed_with`, whose tasks write disjoint
-// elements of one exclusively borrowed slice.
+// SAFETY: only used by `gemm_packed_with` and `gemm_chunked_b`, whose tasks
+// write disjoint elements of one exclusively borrowed slice.
 unsafe impl Send for SharedC {}
 // SAFETY: as above.
 unsafe impl Sync for SharedC {}
+
+impl SharedC {
+    /// The pointer `floats` past the start (closures capture the whole
+    /// value through this, not its raw field).
+    fn at(self, floats: usize) -> *mut f32 {
+        self.0.wrapping_add(floats)
+    }
+}
 
 struct Job<'a> {
     m: usize,

@@ -19,8 +19,7 @@
 //! `d * Σ q x + m * Σ x`, which differs from the dequantize-then-dot result
 //! only by f32 rounding (relative to `Σ |x| |w|`).
 
-use super::packed_gemm::{gemm_packed_serial_into, with_scratch, PanelSplit, NR};
-use super::quant_panels::OutPtr;
+use super::packed_gemm::{gemm_chunked_b, NR};
 use super::quant_rows::dequant_rows;
 use super::{bad_shape, exact_len, num_threads, simd, KernelError, PAR_MIN_ELEMS};
 use crate::isa::Isa;
@@ -306,11 +305,9 @@ fn gemm_tiled(
 }
 
 /// [`gemm_tiled`] with chunks of `t` weight rows (rounded up to whole
-/// 16-column panels): each task takes a rectangle of `out`
-/// ([`PanelSplit`]), and per chunk of its columns dequantizes those weight
-/// rows ([`dequant_rows`]), packs them as `W^T` panels and runs the packed
-/// GEMM over its rows, writing `out` in place. Scratch is per thread and
-/// reused.
+/// 16-column panels): each chunk of W's rows is dequantized
+/// ([`dequant_rows`]) and packed as `W^T` panels for
+/// [`gemm_chunked_b`], which writes `out` in place.
 #[allow(clippy::too_many_arguments)]
 fn gemm_tiled_with(
     scheme: QuantScheme,
@@ -327,43 +324,26 @@ fn gemm_tiled_with(
     let ty = GgmlType::from(scheme);
     let isa = Isa::active();
     let threads = if parallel { num_threads() } else { 1 };
-    let split = PanelSplit::new(m, n.div_ceil(NR), threads);
-    let chunk = t.div_ceil(NR).max(1);
-    let dst = OutPtr(out.as_mut_ptr());
-    let run = |task: usize| {
-        let ((r0, r1), (p0, p1)) = split.task(task);
-        for c0 in (p0..p1).step_by(chunk) {
-            let (j0, j1) = (c0 * NR, ((c0 + chunk).min(p1) * NR).min(n));
-            with_scratch(|b, buf| {
-                let need = (j1 - j0) * k;
-                if buf.len() < need {
-                    buf.resize(need, 0.0);
-                }
-                let wf = &mut buf[..need];
-                dequant_rows(isa, ty, &w[j0 * rb..j1 * rb], need, wf).map_err(|e| {
-                    bad_shape(OP, format!("dequantizing weight rows {j0}..{j1}: {e}"))
-                })?;
-                // B [k, cols] = W^T: element (p, j) at wf[j * k + p].
-                b.repack_strided(wf, k, j1 - j0, 1, k)?;
-                // SAFETY: tasks cover disjoint (row range, column range)
-                // rectangles of `out`, so this one alone writes rows
-                // `r0..r1`, columns `j0..j1`; `out` holds `m * n` floats
-                // (checked by the caller) and outlives the tasks.
-                unsafe {
-                    gemm_packed_serial_into(
-                        r1 - r0,
-                        &x[r0 * k..r1 * k],
-                        k,
-                        b,
-                        dst.at(r0 * n + j0),
-                        n,
-                    )
-                }
-            })?;
-        }
-        Ok(())
-    };
-    split.run(run)
+    gemm_chunked_b(
+        m,
+        x,
+        k,
+        n,
+        out,
+        threads,
+        t.div_ceil(NR),
+        |j0, j1, b, buf| {
+            let need = (j1 - j0) * k;
+            if buf.len() < need {
+                buf.resize(need, 0.0);
+            }
+            let wf = &mut buf[..need];
+            dequant_rows(isa, ty, &w[j0 * rb..j1 * rb], need, wf)
+                .map_err(|e| bad_shape(OP, format!("dequantizing weight rows {j0}..{j1}: {e}")))?;
+            // B [k, cols] = W^T: element (p, j) at wf[j * k + p].
+            b.repack_strided(wf, k, j1 - j0, 1, k)
+        },
+    )
 }
 
 #[cfg(target_arch = "x86_64")]

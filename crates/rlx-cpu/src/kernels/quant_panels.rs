@@ -52,7 +52,7 @@ use super::quant_q8::{quantize_rows, QK};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod amx;
-use super::packed_gemm::{gemm_packed_serial_into, with_scratch, PanelSplit, NR};
+use super::packed_gemm::gemm_chunked_b;
 use super::{bad_shape, KernelError};
 use crate::isa::{CpuFeatures, Isa};
 use rayon::prelude::*;
@@ -363,36 +363,17 @@ impl QuantPanels {
         } else {
             1
         };
-        let split = PanelSplit::new(m, self.n.div_ceil(PANEL), threads);
         // Chunks of whole panel pairs: the AVX-512 GEMM runs two panels at
         // a time.
         let chunk = (DEQUANT_CHUNK_BYTES / (k * 4 * PANEL) / 2 * 2).max(2);
-        let dst = OutPtr(out.as_mut_ptr());
-        let run = |t: usize| {
-            let ((r0, r1), (p0, p1)) = split.task(t);
-            for c0 in (p0..p1).step_by(chunk) {
-                let c1 = (c0 + chunk).min(p1);
-                let cols = (c1 * PANEL).min(self.n) - c0 * PANEL;
-                with_scratch(|b, _| {
-                    b.refill_f32(k, cols, |f| {
-                        for (p, dst) in (c0..c1).zip(f.chunks_exact_mut(k * NR)) {
-                            self.dequant_panel(p, dst);
-                        }
-                    });
-                    // SAFETY: tasks cover disjoint (row range, panel range)
-                    // rectangles, so this one alone writes rows `r0..r1`,
-                    // columns `c0 * 16..c0 * 16 + cols` of `out`, which
-                    // holds `m * n` floats (checked above) and outlives the
-                    // tasks.
-                    unsafe {
-                        let c = dst.at(r0 * self.n + c0 * PANEL);
-                        gemm_packed_serial_into(r1 - r0, &x[r0 * k..r1 * k], k, b, c, self.n)
-                    }
-                })?;
-            }
+        gemm_chunked_b(m, x, k, self.n, out, threads, chunk, |j0, j1, b, _| {
+            b.refill_f32(k, j1 - j0, |f| {
+                for (p, dst) in (j0 / PANEL..).zip(f.chunks_exact_mut(k * PANEL)) {
+                    self.dequant_panel(p, dst);
+                }
+            });
             Ok(())
-        };
-        split.run(run)
+        })
     }
 
     /// Panel `p` dequantized into `dst` (`k x 16` floats, element `e` of
@@ -716,19 +697,11 @@ impl QuantPanels {
 
 /// The output pointer shared by the tasks of one call (disjoint columns).
 #[derive(Clone, Copy)]
-pub(crate) struct OutPtr(pub(crate) *mut f32);
+struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint elements through it (see `matmul_path`).
 unsafe impl Send for OutPtr {}
 // SAFETY: as above; no task reads what another writes.
 unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The pointer `floats` past the start (the whole value is captured by
-    /// closures that call this, not its raw field).
-    pub(crate) fn at(self, floats: usize) -> *mut f32 {
-        self.0.wrapping_add(floats)
-    }
-}
 
 /// The activations of one call.
 enum Acts<'a> {
