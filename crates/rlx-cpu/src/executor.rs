@@ -9,7 +9,7 @@ use crate::kernels::team::{self, Team};
 use crate::kernels::{self, In};
 use rlx_ir::{Graph, Node, NodeId, Op, Tensor, TensorData};
 use rlx_runtime::bind::{
-    bind_inputs, check_params_set, param_shape, param_tensor_shape, split_static,
+    bind_inputs, check_params_set, outputs_subgraph, param_shape, param_tensor_shape, split_static,
     tensor_from_bytes, StaticSplit,
 };
 use rlx_runtime::hybrid::{build_plan, HybridPlan, PlanReport, SplitPolicy, Step};
@@ -1109,8 +1109,28 @@ impl CpuModel {
             return Ok(());
         }
         if let Some(prep) = &mut self.prep {
-            if prep.names.iter().any(|n| !prep.valid.contains(n)) {
-                let outs = prep.core.execute(
+            let missing: Vec<usize> = (0..prep.names.len())
+                .filter(|&k| !prep.valid.contains(&prep.names[k]))
+                .collect();
+            if !missing.is_empty() {
+                // Outputs taken over from another model are not computed
+                // again: a new batch shape of an embedder shares its
+                // concatenated weights and needs only its own position
+                // rows (recomputing all of it was most of a new shape's cost).
+                let mut part = if missing.len() < prep.names.len() {
+                    let thunks = CpuOptions {
+                        hybrid: false,
+                        ..self.opts.clone()
+                    };
+                    Some(Core::new(
+                        outputs_subgraph(&prep.core.graph, &missing),
+                        &thunks,
+                    )?)
+                } else {
+                    None
+                };
+                let core = part.as_mut().unwrap_or(&mut prep.core);
+                let outs = core.execute(
                     &HashMap::new(),
                     &mut self.params,
                     &PackedParams::default(),
@@ -1119,12 +1139,10 @@ impl CpuModel {
                     &self.scratch,
                 )?;
                 // Prep runs only when params change: its arena is not kept.
-                prep.core.arena = Vec::new();
-                for (name, t) in prep.names.iter().zip(outs) {
-                    if !prep.valid.contains(name) {
-                        self.params.insert(name.clone(), t);
-                        self.stale.insert(name.clone());
-                    }
+                core.arena = Vec::new();
+                for (&k, t) in missing.iter().zip(outs) {
+                    self.params.insert(prep.names[k].clone(), t);
+                    self.stale.insert(prep.names[k].clone());
                 }
                 prep.valid = prep.names.iter().cloned().collect();
             }

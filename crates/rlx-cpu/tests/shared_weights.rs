@@ -126,3 +126,73 @@ fn a_model_missing_params_shares_what_it_has() {
     b.set_param("w2", TensorRef::F32(&w2)).unwrap();
     assert_eq!(run(&mut b, 2), ya);
 }
+
+/// `x [b, K] @ concat(w1, w2) + rows 0..b of a table`: two param-only
+/// results, one the same at every batch size and one that is not.
+fn graph_with_rows(b: usize) -> Graph {
+    let f = |d: &[usize]| Shape::new(d, rlx_ir::DType::F32);
+    let mut g = Graph::new("family_rows");
+    let x = g.input("x", f(&[b, K]));
+    let w1 = g.param("w1", f(&[K, N]));
+    let w2 = g.param("w2", f(&[K, N]));
+    let table = g.param("table", f(&[8, 2 * N]));
+    let w = g.add_node(Op::Concat { axis: 1 }, vec![w1, w2], f(&[K, 2 * N]));
+    let rows = g.add_node(
+        Op::Narrow {
+            axis: 0,
+            start: 0,
+            len: b,
+        },
+        vec![table],
+        f(&[b, 2 * N]),
+    );
+    let y = g.matmul(x, w, f(&[b, 2 * N]));
+    let z = g.add_node(Op::Binary(rlx_ir::BinaryOp::Add), vec![y, rows], f(&[b, 2 * N]));
+    g.set_outputs(vec![z]);
+    g
+}
+
+/// A new shape takes the param-only results it shares (the concatenated
+/// weight and its packed copy) and computes only its own (its table rows):
+/// the values equal a model compiled alone, at each shape in turn.
+#[test]
+fn a_new_shape_computes_only_the_param_only_results_it_does_not_share() {
+    let (w1, w2, table) = (vals(K * N, 1.0), vals(K * N, 2.0), vals(8 * 2 * N, 3.0));
+    let alone = |b: usize, hybrid: bool| {
+        let mut m = CpuModel::compile(
+            graph_with_rows(b),
+            &CpuOptions {
+                hybrid,
+                threads: Some(1),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        m.set_param("w1", TensorRef::F32(&w1)).unwrap();
+        m.set_param("w2", TensorRef::F32(&w2)).unwrap();
+        m.set_param("table", TensorRef::F32(&table)).unwrap();
+        m
+    };
+    for hybrid in [false, true] {
+        let mut a = alone(2, hybrid);
+        let ya = run(&mut a, 2);
+        assert_eq!(ya, run(&mut alone(2, hybrid), 2));
+        let mut donor = a;
+        for b in [5, 3, 8, 1] {
+            let mut next = donor.compile_sharing(graph_with_rows(b)).unwrap();
+            let got = run(&mut next, b);
+            assert_eq!(got, run(&mut alone(b, hybrid), b), "b={b} hybrid={hybrid}");
+            assert!(Arc::ptr_eq(&donor.packed_weights()[0], &next.packed_weights()[0]));
+            // A later change of a shared param recomputes every result.
+            if b == 8 {
+                let t2 = vals(8 * 2 * N, 4.0);
+                next.set_param("table", TensorRef::F32(&t2)).unwrap();
+                let mut fresh8 = alone(8, hybrid);
+                fresh8.set_param("table", TensorRef::F32(&t2)).unwrap();
+                assert_eq!(run(&mut next, 8), run(&mut fresh8, 8));
+                next.set_param("table", TensorRef::F32(&table)).unwrap();
+            }
+            donor = next;
+        }
+    }
+}

@@ -255,6 +255,28 @@ pub fn split_static(graph: &Graph) -> StaticSplit {
     }
 }
 
+/// The part of `graph` that computes its outputs `keep` (indices into
+/// `graph.outputs`, in that order): the nodes they depend on, renumbered in
+/// the same order, with `keep`'s outputs. A param-only graph whose other
+/// outputs are already known runs only this.
+pub fn outputs_subgraph(graph: &Graph, keep: &[usize]) -> Graph {
+    let mut needed = vec![false; graph.len()];
+    let mut stack: Vec<NodeId> = keep.iter().map(|&k| graph.outputs[k]).collect();
+    while let Some(id) = stack.pop() {
+        if !std::mem::replace(&mut needed[id.index()], true) {
+            stack.extend(graph.node(id).inputs.iter().copied());
+        }
+    }
+    let mut sub = Graph::new(graph.name.clone());
+    let mut map: HashMap<NodeId, NodeId> = HashMap::new();
+    for n in graph.nodes().iter().filter(|n| needed[n.id.index()]) {
+        let ins = n.inputs.iter().map(|i| map[i]).collect();
+        map.insert(n.id, sub.add_node(n.op.clone(), ins, n.shape.clone()));
+    }
+    sub.set_outputs(keep.iter().map(|&k| map[&graph.outputs[k]]).collect());
+    sub
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +286,46 @@ mod tests {
             ("ids".into(), NodeId(0), Shape::new(&[2], DType::I32)),
             ("x".into(), NodeId(1), Shape::f32(&[3])),
         ]
+    }
+
+    /// The subgraph of chosen outputs holds exactly the nodes they read,
+    /// in their order, and its outputs are those, in the order asked for.
+    #[test]
+    fn outputs_subgraph_keeps_what_the_chosen_outputs_read() {
+        let f = |d: &[usize]| Shape::f32(d);
+        let mut g = Graph::new("prep");
+        let a = g.param("a", f(&[4, 2]));
+        let b = g.param("b", f(&[4, 2]));
+        let c = g.param("c", f(&[4]));
+        let ab = g.add_node(Op::Concat { axis: 1 }, vec![a, b], f(&[4, 4]));
+        let rows = g.add_node(
+            Op::Narrow {
+                axis: 0,
+                start: 1,
+                len: 2,
+            },
+            vec![a],
+            f(&[2, 2]),
+        );
+        let cc = g.add_node(Op::Concat { axis: 0 }, vec![c, c], f(&[8]));
+        g.set_outputs(vec![ab, rows, cc]);
+        let sub = outputs_subgraph(&g, &[2, 1]);
+        let ops: Vec<String> = sub.nodes().iter().map(|n| n.op.describe()).collect();
+        assert_eq!(sub.len(), 4, "{ops:?}");
+        assert!(matches!(&sub.node(sub.outputs[0]).op, Op::Concat { axis: 0 }));
+        assert!(matches!(&sub.node(sub.outputs[1]).op, Op::Narrow { start: 1, .. }));
+        assert_eq!(sub.node(sub.outputs[1]).shape, f(&[2, 2]));
+        let names: Vec<&str> = sub
+            .nodes()
+            .iter()
+            .filter_map(|n| match &n.op {
+                Op::Param { name } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["a", "c"]);
+        sub.verify().unwrap();
+        assert_eq!(outputs_subgraph(&g, &[0, 1, 2]).len(), g.len());
     }
 
     /// Inputs bind in graph order whatever order they are given in, and
