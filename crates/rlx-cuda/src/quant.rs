@@ -7,9 +7,13 @@
 //!   dequantizes one block column (32 weights of 64 rows) into shared
 //!   memory. The whole of `W` is never expanded.
 //!
-//! Schemes: Q4_0, Q4_1 and Q8_0. Weights dequantize exactly as ggml does
-//! (`q * d + m` with f16 `d`, `m`); sums are in f32, so results differ
-//! from the CPU backend only by rounding order.
+//! Schemes: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 (32-weight blocks), Q4_K, Q5_K
+//! and Q6_K (256-weight super-blocks: what `Q4_K_M` / `Q5_K_M` files hold).
+//! Weights dequantize exactly as ggml does (`q * d + m` with f16 `d`, `m`;
+//! the K-quants' 6-bit or 8-bit sub-block scales applied in f32, as
+//! `rlx_formats::quant::dequantize` does); sums are in f32, so results
+//! differ from the CPU backend only by rounding order. Q2_K, Q3_K and Q8_K
+//! have no kernel: lowering one is an error naming the scheme.
 
 use crate::launch::{Arg, Launch};
 use rlx_ir::QuantScheme;
@@ -25,17 +29,43 @@ pub(crate) const KERNELS: &[&str] = &[
     "dq_gemm_q4_0",
     "dq_gemm_q4_1",
     "dq_gemm_q8_0",
+    "dq_gemv_q5_0",
+    "dq_gemv_q5_1",
+    "dq_gemv_q4_k",
+    "dq_gemv_q5_k",
+    "dq_gemv_q6_k",
+    "dq_gemv_q5_0_r4",
+    "dq_gemv_q5_1_r4",
+    "dq_gemv_q4_k_r4",
+    "dq_gemv_q5_k_r4",
+    "dq_gemv_q6_k_r4",
+    "dq_gemm_q5_0",
+    "dq_gemm_q5_1",
+    "dq_gemm_q4_k",
+    "dq_gemm_q5_k",
+    "dq_gemm_q6_k",
 ];
 
 /// Kernel names (one output per warp, four per warp, tiled) and the weight
 /// alignment their loads need, by scheme.
 fn kernels(scheme: QuantScheme) -> Option<(&'static str, &'static str, &'static str, u64)> {
+    use QuantScheme as Q;
     match scheme {
-        QuantScheme::Q4_0 => Some(("dq_gemv_q4_0", "dq_gemv_q4_0_r4", "dq_gemm_q4_0", 2)),
-        QuantScheme::Q4_1 => Some(("dq_gemv_q4_1", "dq_gemv_q4_1_r4", "dq_gemm_q4_1", 4)),
-        QuantScheme::Q8_0 => Some(("dq_gemv_q8_0", "dq_gemv_q8_0_r4", "dq_gemm_q8_0", 2)),
-        _ => None,
+        Q::Q4_0 => Some(("dq_gemv_q4_0", "dq_gemv_q4_0_r4", "dq_gemm_q4_0", 2)),
+        Q::Q4_1 => Some(("dq_gemv_q4_1", "dq_gemv_q4_1_r4", "dq_gemm_q4_1", 4)),
+        Q::Q8_0 => Some(("dq_gemv_q8_0", "dq_gemv_q8_0_r4", "dq_gemm_q8_0", 2)),
+        Q::Q5_0 => Some(("dq_gemv_q5_0", "dq_gemv_q5_0_r4", "dq_gemm_q5_0", 2)),
+        Q::Q5_1 => Some(("dq_gemv_q5_1", "dq_gemv_q5_1_r4", "dq_gemm_q5_1", 4)),
+        Q::Q4K => Some(("dq_gemv_q4_k", "dq_gemv_q4_k_r4", "dq_gemm_q4_k", 4)),
+        Q::Q5K => Some(("dq_gemv_q5_k", "dq_gemv_q5_k_r4", "dq_gemm_q5_k", 4)),
+        Q::Q6K => Some(("dq_gemv_q6_k", "dq_gemv_q6_k_r4", "dq_gemm_q6_k", 2)),
+        Q::Q2K | Q::Q3K | Q::Q8K => None,
     }
+}
+
+/// Whether `scheme` has CUDA kernels (see the module docs).
+pub(crate) fn has_kernels(scheme: QuantScheme) -> bool {
+    kernels(scheme).is_some()
 }
 
 /// Outputs from which a warp computes four outputs (sharing its activation
@@ -94,12 +124,16 @@ pub(crate) fn dequant_matmul(
 ) -> Result<Vec<Launch>, String> {
     let (gemv, gemv4, gemm, align) = kernels(scheme).ok_or_else(|| {
         format!(
-            "no CUDA kernel for DequantMatMul {} (Q4_0, Q4_1 and Q8_0 have one)",
+            "no CUDA kernel for DequantMatMul {} (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K have one)",
             scheme.name()
         )
     })?;
-    if !k.is_multiple_of(32) {
-        return Err(format!("K = {k} is not a whole number of 32-weight blocks"));
+    let block = scheme.block_elems();
+    if !k.is_multiple_of(block) {
+        return Err(format!(
+            "K = {k} is not a whole number of {block}-weight {} blocks",
+            scheme.name()
+        ));
     }
     if !w.is_multiple_of(align) {
         return Err(format!(
@@ -209,18 +243,58 @@ mod tests {
         }
     }
 
+    /// Each scheme with kernels lowers to its own GEMV (one row; the
+    /// four-outputs-a-warp form for a vocabulary-wide N) and tiled kernel,
+    /// and a K that is not whole blocks of the scheme is refused.
+    #[test]
+    fn every_scheme_with_kernels_lowers_to_its_own() {
+        use QuantScheme as Q;
+        for (scheme, tag) in [
+            (Q::Q4_0, "q4_0"),
+            (Q::Q4_1, "q4_1"),
+            (Q::Q5_0, "q5_0"),
+            (Q::Q5_1, "q5_1"),
+            (Q::Q8_0, "q8_0"),
+            (Q::Q4K, "q4_k"),
+            (Q::Q5K, "q5_k"),
+            (Q::Q6K, "q6_k"),
+        ] {
+            let k = 512;
+            for (rows, n, want) in [
+                (1, 10, format!("dq_gemv_{tag}")),
+                (1, 9000, format!("dq_gemv_{tag}_r4")),
+                (9, 10, format!("dq_gemm_{tag}")),
+            ] {
+                let mut g = Graph::new("dq");
+                let x = g.input("x", Shape::f32(&[rows, k]));
+                let rb = scheme.row_bytes(k).unwrap();
+                let w = g.param("w", Shape::new(&[n, rb], DType::U8));
+                let op = Op::DequantMatMul {
+                    scheme,
+                    activations: ActivationPrecision::F32,
+                };
+                let y = g.push(op, vec![x, w]).unwrap();
+                assert_eq!(kernel_names(&g, y).unwrap(), vec![want.as_str()]);
+                assert!(super::KERNELS.contains(&want.as_str()), "{want}");
+            }
+        }
+        let e = super::dequant_matmul(Q::Q4K, 0, 0, 0, 1, 4, 96, Default::default())
+            .unwrap_err();
+        assert!(e.contains("256-weight Q4_K"), "{e}");
+    }
+
     #[test]
     fn unsupported_schemes_and_int8_activations_are_reported() {
         let mut g = Graph::new("dq");
         let x = g.input("x", Shape::f32(&[1, 256]));
-        let w = g.param("w", Shape::new(&[4, 210], DType::U8));
+        let w = g.param("w", Shape::new(&[4, 110], DType::U8));
         let op = Op::DequantMatMul {
-            scheme: QuantScheme::Q6K,
+            scheme: QuantScheme::Q3K,
             activations: ActivationPrecision::F32,
         };
         let y = g.push(op, vec![x, w]).unwrap();
         let e = kernel_names(&g, y).unwrap_err();
-        assert!(e.contains("no CUDA kernel") && e.contains("Q6_K"), "{e}");
+        assert!(e.contains("no CUDA kernel") && e.contains("Q3_K"), "{e}");
         let w8 = g.param("w8", Shape::new(&[4, 272], DType::U8));
         let op = Op::DequantMatMul {
             scheme: QuantScheme::Q8_0,

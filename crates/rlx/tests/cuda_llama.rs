@@ -16,6 +16,9 @@ use std::path::PathBuf;
 mod common;
 use common::cuda_or_skip;
 
+#[path = "../../rlx-models/tests/support/gguf_writer.rs"]
+mod gguf_writer;
+
 fn model_path() -> Option<PathBuf> {
     if !cuda_or_skip() {
         return None;
@@ -186,7 +189,13 @@ fn fused_decode_steps_match_thunks_and_the_cpu_at_smollm2_dims() {
     }
     let mut cfg = LlamaConfig::smollm2_135m();
     cfg.n_layers = 4;
-    for scheme in [QuantScheme::Q4_0, QuantScheme::Q4_1, QuantScheme::Q8_0] {
+    for scheme in [
+        QuantScheme::Q4_0,
+        QuantScheme::Q4_1,
+        QuantScheme::Q5_0,
+        QuantScheme::Q5_1,
+        QuantScheme::Q8_0,
+    ] {
         let weights = || LlamaWeights::synthetic(&cfg, scheme, QuantScheme::Q8_0, 11).unwrap();
         let cuda = |hybrid| {
             let opts = CudaOptions {
@@ -232,5 +241,44 @@ fn fused_decode_steps_match_thunks_and_the_cpu_at_smollm2_dims() {
         // o+residual, norm+gate_up, swiglu+down+residual), norm+head.
         assert_eq!(ops, 1 + 6 * cfg.n_layers + 1, "fused decode step");
         assert_eq!(ops_th, 1 + 13 * cfg.n_layers + 2, "one kernel per op");
+    }
+}
+
+/// A tiny random Llama in the formats of a `Q4_K_M` file (Q4_K, Q5_K,
+/// Q6_K, Q5_0 projections; see `gguf_writer::kquant_llama`) on CUDA, in
+/// thunks and hybrid mode, against the CPU backend: logits of a prefill and
+/// of eight decode steps within 1e-4 of the largest |logit|. Needs no
+/// downloaded model.
+#[test]
+fn kquant_llama_matches_the_cpu_backend() {
+    if !cuda_or_skip() {
+        return;
+    }
+    let path = gguf_writer::kquant_llama("kquant.gguf");
+    let prompt = [3u32, 17, 5, 39, 0, 22, 8, 11, 30];
+    let mut cpu = LlamaModel::load_on(&path, 32, LlamaDevice::Cpu(CpuOptions::default())).unwrap();
+    let mut want = vec![cpu.prefill(&prompt).unwrap()];
+    for _ in 0..8 {
+        let id = argmax(want.last().unwrap());
+        want.push(cpu.decode(id).unwrap());
+    }
+    for hybrid in [false, true] {
+        let opts = CudaOptions {
+            hybrid,
+            ..CudaOptions::default()
+        };
+        let mut gpu = LlamaModel::load_on(&path, 32, LlamaDevice::Cuda(opts)).unwrap();
+        let mut got = gpu.prefill(&prompt).unwrap();
+        for (step, w) in want.iter().enumerate() {
+            let (d, scale) = max_diff(&got, w);
+            assert!(
+                d <= 1e-4 * scale,
+                "hybrid {hybrid} step {step}: logits differ by {d} (max |logit| {scale})"
+            );
+            if step + 1 < want.len() {
+                got = gpu.decode(argmax(w)).unwrap();
+            }
+        }
+        println!("K-quant tiny Llama, hybrid {hybrid}: logits within 1e-4 of max |logit| over 9 steps");
     }
 }

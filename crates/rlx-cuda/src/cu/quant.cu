@@ -1,6 +1,10 @@
 // DequantMatMul kernels on packed GGUF blocks (see the `quant` module). Self-contained:
 // compiled by NVRTC as its own module.
-// Scheme ids: 0 Q4_0 (18-byte blocks), 1 Q4_1 (20), 2 Q8_0 (34). 32 weights a block.
+// Scheme ids: 0 Q4_0 (18-byte blocks), 1 Q4_1 (20), 2 Q8_0 (34), 3 Q5_0 (22), 4 Q5_1 (24):
+// 32 weights a block; 5 Q4_K (144), 6 Q5_K (176), 7 Q6_K (210): 256 weights a super-block.
+// Every scheme splits its blocks into units of 8 weights in two runs of 4 (at dq_off_a and
+// dq_off_c), which is what the GEMV loads and dots; the tiled GEMM decodes 8 consecutive
+// weights of a 32-weight column instead (dq_slice).
 
 __device__ __forceinline__ float dq_h2f(unsigned short h) {
     float f;
@@ -18,6 +22,13 @@ template <int S> struct Scheme;
 template <> struct Scheme<0> { static const int BYTES = 18; };
 template <> struct Scheme<1> { static const int BYTES = 20; };
 template <> struct Scheme<2> { static const int BYTES = 34; };
+template <> struct Scheme<3> { static const int BYTES = 22; };
+template <> struct Scheme<4> { static const int BYTES = 24; };
+template <> struct Scheme<5> { static const int BYTES = 144; };
+template <> struct Scheme<6> { static const int BYTES = 176; };
+template <> struct Scheme<7> { static const int BYTES = 210; };
+// Weights per block.
+template <int S> __device__ __forceinline__ int dq_elems() { return S >= 5 ? 256 : 32; }
 
 // Unit t (0..3) of a block: 8 weights and the positions (0..31) they hold.
 // Q4_x: bytes 4t..4t+3 of qs: low nibbles are weights 4t..4t+3, high
@@ -66,13 +77,41 @@ __device__ __forceinline__ float4 dq_x4(const float* p, bool vec) {
 
 // Offsets (in the block) of unit t's two runs of 4 activations: Q8_0 holds
 // weights 8t..8t+7, Q4_x weights 4t..4t+3 and 16+4t..16+4t+3.
-template <int S> __device__ __forceinline__ int dq_off_a(int t) { return S == 2 ? 8 * t : 4 * t; }
-template <int S> __device__ __forceinline__ int dq_off_c(int t) { return S == 2 ? 8 * t + 4 : 16 + 4 * t; }
+// Q4_K/Q5_K unit t: bytes 4(t%8).. of qs chunk t/8, low nibbles at 64(t/8) + 4(t%8), high 32
+// further. Q6_K unit t: half t/16, ql part (t/8)%2, l0 = 4(t%8): low nibbles at 128 half +
+// 32 part + l0, high 64 further.
+template <int S> __device__ __forceinline__ int dq_off_a(int t) {
+    if (S == 2) return 8 * t;
+    if (S == 5 || S == 6) return 64 * (t >> 3) + 4 * (t & 7);
+    if (S == 7) return 128 * (t >> 4) + 32 * ((t >> 3) & 1) + 4 * (t & 7);
+    return 4 * t;
+}
+template <int S> __device__ __forceinline__ int dq_off_c(int t) {
+    if (S == 2) return 8 * t + 4;
+    if (S == 5 || S == 6) return dq_off_a<S>(t) + 32;
+    if (S == 7) return dq_off_a<S>(t) + 64;
+    return 16 + 4 * t;
+}
+
+// The 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block, from its 12 scale bytes
+// held as three little-endian words.
+__device__ __forceinline__ void dq_k_scale_min(const unsigned int sc[3], int j, float* s, float* m) {
+    auto byte = [&](int i) { return (sc[i >> 2] >> (8 * (i & 3))) & 0xffu; };
+    if (j < 4) {
+        *s = (float)(byte(j) & 63u);
+        *m = (float)(byte(j + 4) & 63u);
+    } else {
+        *s = (float)((byte(j + 4) & 0xfu) | ((byte(j - 4) >> 6) << 4));
+        *m = (float)((byte(j + 4) >> 4) | ((byte(j) >> 6) << 4));
+    }
+}
 
 // The raw words of unit t of a block: the f16 scale (Q4_1: scale and
 // minimum) and its 4 (Q8_0: 8) bytes of quants. Loading is split from the
 // arithmetic so that a warp issues all its loads before it waits on any.
-struct DqRaw { unsigned int h, q0, q1; };
+// K-quants also carry their scale words (s0..s2): Q4_K/Q5_K the 12 scale bytes, Q6_K the two
+// 8-bit scales of the unit's runs.
+struct DqRaw { unsigned int h, q0, q1, s0, s1, s2; };
 
 template <int S>
 __device__ __forceinline__ DqRaw dq_raw(const unsigned char* blk, int t) {
@@ -85,6 +124,32 @@ __device__ __forceinline__ DqRaw dq_raw(const unsigned char* blk, int t) {
         r.h = *(const unsigned int*)blk;
         r.q0 = *(const unsigned int*)(blk + 4 + 4 * t);
         r.q1 = 0;
+    } else if (S == 3) {
+        r.h = *(const unsigned short*)blk;
+        r.q0 = dq_u32_a2(blk + 6 + 4 * t);
+        r.q1 = dq_u32_a2(blk + 2);
+    } else if (S == 4) {
+        r.h = *(const unsigned int*)blk;
+        r.q0 = *(const unsigned int*)(blk + 8 + 4 * t);
+        r.q1 = *(const unsigned int*)(blk + 4);
+    } else if (S == 5 || S == 6) {
+        const unsigned int* w = (const unsigned int*)blk;
+        r.h = w[0];
+        r.s0 = w[1]; r.s1 = w[2]; r.s2 = w[3];
+        int c = t >> 3, j = 4 * (t & 7);
+        if (S == 5) {
+            r.q0 = *(const unsigned int*)(blk + 16 + 32 * c + j);
+        } else {
+            r.q0 = *(const unsigned int*)(blk + 48 + 32 * c + j);
+            r.q1 = *(const unsigned int*)(blk + 16 + j);
+        }
+    } else if (S == 7) {
+        int h = t >> 4, p = (t >> 3) & 1, l0 = 4 * (t & 7);
+        r.q0 = dq_u32_a2(blk + 64 * h + 32 * p + l0);
+        r.q1 = dq_u32_a2(blk + 128 + 32 * h + l0);
+        int ia = 8 * h + 2 * p + (l0 >> 4);
+        r.s0 = (unsigned int)blk[192 + ia] | ((unsigned int)blk[192 + ia + 4] << 8);
+        r.h = *(const unsigned short*)(blk + 208);
     } else {
         r.h = *(const unsigned short*)blk;
         r.q0 = dq_u32_a2(blk + 2 + 4 * t);
@@ -95,7 +160,7 @@ __device__ __forceinline__ DqRaw dq_raw(const unsigned char* blk, int t) {
 
 // Dot of a unit with its activations (a at dq_off_a, c at dq_off_c).
 template <int S>
-__device__ __forceinline__ float dq_raw_dot(DqRaw w, float4 a, float4 c) {
+__device__ __forceinline__ float dq_raw_dot(DqRaw w, int t, float4 a, float4 c) {
     if (S == 2) {
         float d = dq_h2f((unsigned short)w.h);
         unsigned int q0 = w.q0, q1 = w.q1;
@@ -104,6 +169,68 @@ __device__ __forceinline__ float dq_raw_dot(DqRaw w, float4 a, float4 c) {
                 + (float)(signed char)(q1) * c.x + (float)(signed char)(q1 >> 8) * c.y
                 + (float)(signed char)(q1 >> 16) * c.z + (float)(signed char)(q1 >> 24) * c.w;
         return s * d;
+    } else if (S == 3 || S == 4) {
+        // 5-bit: qh bit i is weight i's fifth bit; unit t holds weights 4t.. and 16+4t..
+        float d, m;
+        if (S == 4) {
+            d = dq_h2f((unsigned short)(w.h & 0xffffu));
+            m = dq_h2f((unsigned short)(w.h >> 16));
+        } else {
+            d = dq_h2f((unsigned short)w.h);
+            m = -16.0f * d;
+        }
+        unsigned int q = w.q0, ha = w.q1 >> (4 * t), hc = w.q1 >> (16 + 4 * t);
+        float qa[4], qc[4];
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            qa[i] = (float)(((q >> (8 * i)) & 0xfu) | (((ha >> i) & 1u) << 4));
+            qc[i] = (float)(((q >> (8 * i + 4)) & 0xfu) | (((hc >> i) & 1u) << 4));
+        }
+        float sq = qa[0] * a.x + qa[1] * a.y + qa[2] * a.z + qa[3] * a.w
+                 + qc[0] * c.x + qc[1] * c.y + qc[2] * c.z + qc[3] * c.w;
+        float sx = (a.x + a.y) + (a.z + a.w) + (c.x + c.y) + (c.z + c.w);
+        return d * sq + m * sx;
+    } else if (S == 5 || S == 6) {
+        // Runs a and c are sub-blocks 2(t/8) and 2(t/8)+1: weight = d s q - dmin m.
+        float d = dq_h2f((unsigned short)(w.h & 0xffffu)), dmin = dq_h2f((unsigned short)(w.h >> 16));
+        unsigned int sc[3] = {w.s0, w.s1, w.s2};
+        int sub = 2 * (t >> 3);
+        float sa, ma, sc1, mc;
+        dq_k_scale_min(sc, sub, &sa, &ma);
+        dq_k_scale_min(sc, sub + 1, &sc1, &mc);
+        unsigned int q = w.q0;
+        float qa[4], qc[4];
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            unsigned int lo = (q >> (8 * i)) & 0xfu, hi = (q >> (8 * i + 4)) & 0xfu;
+            if (S == 6) {
+                unsigned int hb = w.q1 >> (8 * i);
+                lo |= ((hb >> sub) & 1u) << 4;
+                hi |= ((hb >> (sub + 1)) & 1u) << 4;
+            }
+            qa[i] = (float)lo;
+            qc[i] = (float)hi;
+        }
+        float pa = qa[0] * a.x + qa[1] * a.y + qa[2] * a.z + qa[3] * a.w;
+        float pc = qc[0] * c.x + qc[1] * c.y + qc[2] * c.z + qc[3] * c.w;
+        float xa = (a.x + a.y) + (a.z + a.w), xc = (c.x + c.y) + (c.z + c.w);
+        return (d * sa) * pa - (dmin * ma) * xa + (d * sc1) * pc - (dmin * mc) * xc;
+    } else if (S == 7) {
+        // Q6_K: q = (4 bits of ql | 2 bits of qh) - 32, weight = d * scale * q; run a takes qh
+        // bits 2p, run c bits 2p + 4.
+        float d = dq_h2f((unsigned short)w.h);
+        int p = (t >> 3) & 1;
+        float qa[4], qc[4];
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            unsigned int l = w.q0 >> (8 * i), hb = w.q1 >> (8 * i);
+            qa[i] = (float)((int)((l & 0xfu) | (((hb >> (2 * p)) & 3u) << 4)) - 32);
+            qc[i] = (float)((int)(((l >> 4) & 0xfu) | (((hb >> (2 * p + 4)) & 3u) << 4)) - 32);
+        }
+        float pa = qa[0] * a.x + qa[1] * a.y + qa[2] * a.z + qa[3] * a.w;
+        float pc = qc[0] * c.x + qc[1] * c.y + qc[2] * c.z + qc[3] * c.w;
+        float sa = (float)(signed char)(w.s0 & 0xffu), sc2 = (float)(signed char)(w.s0 >> 8);
+        return (d * sa) * pa + (d * sc2) * pc;
     } else {
         float d, m;
         if (S == 1) {
@@ -155,7 +282,8 @@ __device__ void dq_gemv(float* y, const float* x, const unsigned char* w, int M,
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int n0 = (blockIdx.x * 4 + warp) * R, m = blockIdx.y;
     if (n0 >= N || m >= M) return;
-    int nb = K >> 5, units = nb * 4;
+    const int upb = dq_elems<S>() / 8;
+    int nb = K / dq_elems<S>(), units = nb * upb;
     long long rb = (long long)nb * Scheme<S>::BYTES;
     const float* xm = x + (long long)m * K * (pro == 2 ? 2 : 1);
     // The second operand of the prologue: gamma, or the up half of the row.
@@ -180,8 +308,8 @@ __device__ void dq_gemv(float* y, const float* x, const unsigned char* w, int M,
         for (int j = 0; j < U; ++j) {
             int u = base + lane + 32 * j;
             if (u < units) {
-                int b = u >> 2, t = u & 3;
-                int ka = 32 * b + dq_off_a<S>(t), kc = 32 * b + dq_off_c<S>(t);
+                int b = u / upb, t = u % upb;
+                int ka = dq_elems<S>() * b + dq_off_a<S>(t), kc = dq_elems<S>() * b + dq_off_c<S>(t);
                 #pragma unroll
                 for (int r = 0; r < R; ++r)
                     if (R == 1 || n0 + r < N)
@@ -208,9 +336,10 @@ __device__ void dq_gemv(float* y, const float* x, const unsigned char* w, int M,
         for (int j = 0; j < U; ++j) {
             if (base + lane + 32 * j < units) {
                 float4 a = dq_pro(xa[j], ga[j], pro, scale), c = dq_pro(xc[j], gc[j], pro, scale);
+                int t = (base + lane + 32 * j) % upb;
                 #pragma unroll
                 for (int r = 0; r < R; ++r)
-                    if (R == 1 || n0 + r < N) acc[r] += dq_raw_dot<S>(wr[j][r], a, c);
+                    if (R == 1 || n0 + r < N) acc[r] += dq_raw_dot<S>(wr[j][r], t, a, c);
             }
         }
     }
@@ -228,6 +357,64 @@ __device__ void dq_gemv(float* y, const float* x, const unsigned char* w, int M,
     }
 }
 
+// Part wt (0..3) of the 32-weight column b of a weight row: 8 weights and their positions
+// (0..31) in the column. Q4_0/Q4_1/Q8_0 by dq_unit; the others decode weights 8wt..8wt+7 as
+// rlx_formats::quant::dequantize does.
+template <int S>
+__device__ __forceinline__ void dq_slice(const unsigned char* row, int b, int wt, float w[8], int k[8]) {
+    if (S <= 2) {
+        dq_unit<S>(row + (long long)b * Scheme<S>::BYTES, wt, w, k);
+        return;
+    }
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) k[i] = 8 * wt + i;
+    if (S == 3 || S == 4) {
+        const unsigned char* blk = row + (long long)b * Scheme<S>::BYTES;
+        float d = dq_h2f(*(const unsigned short*)blk);
+        float m = S == 4 ? dq_h2f(*(const unsigned short*)(blk + 2)) : -16.0f * d;
+        unsigned int qh = dq_u32_a2(blk + (S == 4 ? 4 : 2));
+        const unsigned char* qs = blk + (S == 4 ? 8 : 6);
+        #pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            int e = 8 * wt + i, j = e & 15;
+            unsigned int q = e < 16 ? (qs[j] & 0xfu) : (qs[j] >> 4);
+            q |= ((qh >> e) & 1u) << 4;
+            w[i] = (float)q * d + m;
+        }
+        return;
+    }
+    const unsigned char* blk = row + (long long)(b >> 3) * Scheme<S>::BYTES;
+    int sub = b & 7;
+    if (S == 5 || S == 6) {
+        const unsigned int* hw = (const unsigned int*)blk;
+        unsigned int sc[3] = {hw[1], hw[2], hw[3]};
+        float s, mn;
+        dq_k_scale_min(sc, sub, &s, &mn);
+        float d1 = dq_h2f((unsigned short)(hw[0] & 0xffffu)) * s;
+        float m1 = dq_h2f((unsigned short)(hw[0] >> 16)) * mn;
+        const unsigned char* qs = blk + (S == 5 ? 16 : 48) + 32 * (sub >> 1);
+        int shift = 4 * (sub & 1);
+        #pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            int l = 8 * wt + i;
+            unsigned int q = (qs[l] >> shift) & 0xfu;
+            if (S == 6) q |= ((blk[16 + l] >> sub) & 1u) << 4;
+            w[i] = d1 * (float)q - m1;
+        }
+        return;
+    }
+    // Q6_K
+    float d = dq_h2f(*(const unsigned short*)(blk + 208));
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int e = 32 * sub + 8 * wt + i, half = e >> 7, r = e & 127;
+        unsigned int lo = (blk[64 * half + (r & 63)] >> (4 * (r >> 6))) & 0xfu;
+        unsigned int hi = (blk[128 + 32 * half + (r & 31)] >> (2 * (r >> 5))) & 3u;
+        float sc = (float)(signed char)blk[192 + (e >> 4)];
+        w[i] = d * sc * (float)((int)(lo | (hi << 4)) - 32);
+    }
+}
+
 // Tiled: grid (ceil(N / 64), ceil(M / 32)), 256 threads, each 2 rows x 4 columns.
 template <int S>
 __device__ void dq_gemm(float* y, const float* x, const unsigned char* w, int M, int N, int K) {
@@ -242,7 +429,7 @@ __device__ void dq_gemm(float* y, const float* x, const unsigned char* w, int M,
         #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
     int nb = K >> 5;
-    long long rb = (long long)nb * Scheme<S>::BYTES;
+    long long rb = (long long)(K / dq_elems<S>()) * Scheme<S>::BYTES;
     int wn = tid >> 2, wt = tid & 3;
     for (int b = 0; b < nb; ++b) {
         #pragma unroll
@@ -252,7 +439,7 @@ __device__ void dq_gemm(float* y, const float* x, const unsigned char* w, int M,
         }
         float wv[8];
         int wk[8];
-        dq_unit<S>(w + (long long)min(n0 + wn, N - 1) * rb + (long long)b * Scheme<S>::BYTES, wt, wv, wk);
+        dq_slice<S>(w + (long long)min(n0 + wn, N - 1) * rb, b, wt, wv, wk);
         if (n0 + wn >= N) {
             #pragma unroll
             for (int i = 0; i < 8; ++i) wv[i] = 0.0f;
@@ -297,8 +484,23 @@ DQ(dq_gemv_q8_0, 2, 1)
 DQ(dq_gemv_q4_0_r4, 0, 4)
 DQ(dq_gemv_q4_1_r4, 1, 4)
 DQ(dq_gemv_q8_0_r4, 2, 4)
+DQ(dq_gemv_q5_0, 3, 1)
+DQ(dq_gemv_q5_1, 4, 1)
+DQ(dq_gemv_q4_k, 5, 1)
+DQ(dq_gemv_q5_k, 6, 1)
+DQ(dq_gemv_q6_k, 7, 1)
+DQ(dq_gemv_q5_0_r4, 3, 4)
+DQ(dq_gemv_q5_1_r4, 4, 4)
+DQ(dq_gemv_q4_k_r4, 5, 4)
+DQ(dq_gemv_q5_k_r4, 6, 4)
+DQ(dq_gemv_q6_k_r4, 7, 4)
 } // extern "C"
 
 extern "C" __global__ void __launch_bounds__(256) dq_gemm_q4_0(float* y, const float* x, const unsigned char* w, int M, int N, int K) { dq_gemm<0>(y, x, w, M, N, K); }
 extern "C" __global__ void __launch_bounds__(256) dq_gemm_q4_1(float* y, const float* x, const unsigned char* w, int M, int N, int K) { dq_gemm<1>(y, x, w, M, N, K); }
 extern "C" __global__ void __launch_bounds__(256) dq_gemm_q8_0(float* y, const float* x, const unsigned char* w, int M, int N, int K) { dq_gemm<2>(y, x, w, M, N, K); }
+extern "C" __global__ void __launch_bounds__(256) dq_gemm_q5_0(float* y, const float* x, const unsigned char* w, int M, int N, int K) { dq_gemm<3>(y, x, w, M, N, K); }
+extern "C" __global__ void __launch_bounds__(256) dq_gemm_q5_1(float* y, const float* x, const unsigned char* w, int M, int N, int K) { dq_gemm<4>(y, x, w, M, N, K); }
+extern "C" __global__ void __launch_bounds__(256) dq_gemm_q4_k(float* y, const float* x, const unsigned char* w, int M, int N, int K) { dq_gemm<5>(y, x, w, M, N, K); }
+extern "C" __global__ void __launch_bounds__(256) dq_gemm_q5_k(float* y, const float* x, const unsigned char* w, int M, int N, int K) { dq_gemm<6>(y, x, w, M, N, K); }
+extern "C" __global__ void __launch_bounds__(256) dq_gemm_q6_k(float* y, const float* x, const unsigned char* w, int M, int N, int K) { dq_gemm<7>(y, x, w, M, N, K); }

@@ -19,7 +19,7 @@
 use crate::fuse::Fusion;
 use crate::quant::FUSED_ROWS_MAX;
 use crate::store::{Dt, Store};
-use rlx_ir::{ActivationPrecision, BinaryOp, DType, Graph, Node, NodeId, Op, QuantScheme};
+use rlx_ir::{ActivationPrecision, BinaryOp, DType, Graph, Node, NodeId, Op};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -67,10 +67,7 @@ fn gemv_dims(g: &Graph, n: &Node) -> Option<(usize, usize)> {
     else {
         return None;
     };
-    if !matches!(
-        scheme,
-        QuantScheme::Q4_0 | QuantScheme::Q4_1 | QuantScheme::Q8_0
-    ) {
+    if !crate::quant::has_kernels(scheme) {
         return None;
     }
     let (x, w) = (&g.node(n.inputs[0]).shape, &g.node(n.inputs[1]).shape);
@@ -78,7 +75,7 @@ fn gemv_dims(g: &Graph, n: &Node) -> Option<(usize, usize)> {
     let m = x.numel().checked_div(k)?;
     let ok = x.dtype == DType::F32
         && k > 0
-        && k.is_multiple_of(32)
+        && k.is_multiple_of(scheme.block_elems())
         && (1..=FUSED_ROWS_MAX).contains(&m)
         && w.dtype == DType::U8
         && w.rank() == 2
@@ -172,7 +169,7 @@ pub(crate) fn find_gemv(g: &Graph, store: impl Fn(NodeId) -> Store) -> HashMap<N
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rlx_ir::Shape;
+    use rlx_ir::{QuantScheme, Shape};
 
     fn dq(g: &mut Graph, x: NodeId, n: usize, k: usize, name: &str) -> NodeId {
         let w = g.param(name, Shape::new(&[n, k / 32 * 20], DType::U8));

@@ -94,7 +94,7 @@ op_case_map! {
     "Attention", Op::Attention { .. } => ["attn_Causal_4_2_8_7_7", "attn_None_3_3_24_1_1"];
     "GatedDeltaNet", Op::GatedDeltaNet { .. } => ["gdn_plain", "gdn_carry"];
     "Lstm", Op::Lstm { .. } => ["lstm_1layer", "lstm_bidir_carry"];
-    "DequantMatMul", Op::DequantMatMul { .. } => ["dequant_Q4_0_[1, 64]_70", "dequant_Q6_K"];
+    "DequantMatMul", Op::DequantMatMul { .. } => ["dequant_Q4_0_[1, 64]_70", "dequant_Q6_K_[1, 256]_70"];
     "CacheWrite", Op::CacheWrite { .. } => ["cache_write_i64_3_1", "cache_write_then_attend"];
     "Softmax", Op::Softmax { .. } => ["softmax_last", "softmax_mid", "softmax_width1"];
     "Transpose", Op::Transpose { .. } => ["transpose", "transpose_2d"];
@@ -637,7 +637,8 @@ fn sequence(c: &mut Vec<Case>) {
 
 fn quantized_and_cache(c: &mut Vec<Case>) {
     // GEMV (one row) and tiles (prefill), N and M off the tile sizes.
-    for scheme in [QuantScheme::Q4_0, QuantScheme::Q4_1, QuantScheme::Q8_0] {
+    use QuantScheme as Q;
+    for scheme in [Q::Q4_0, Q::Q4_1, Q::Q5_0, Q::Q5_1, Q::Q8_0] {
         for (x, n) in [
             (vec![1, 1, 576], 192),
             (vec![1, 64], 70),
@@ -649,19 +650,34 @@ fn quantized_and_cache(c: &mut Vec<Case>) {
             c.push(dequant(scheme, &x, n, &name));
         }
     }
-    for scheme in QuantScheme::ALL {
-        if matches!(
-            scheme,
-            QuantScheme::Q4_0 | QuantScheme::Q4_1 | QuantScheme::Q8_0
-        ) {
-            continue;
+    // Super-blocks of 256: GEMV (also vocabulary-wide, four outputs a warp)
+    // and tiles, and Gemma-3-270M's FFN-down shape (K = 2048, N = 640).
+    for scheme in [Q::Q4K, Q::Q5K, Q::Q6K] {
+        for (x, n) in [
+            (vec![1, 1, 512], 192),
+            (vec![1, 256], 70),
+            (vec![1, 2048], 640),
+            (vec![1, 256], 8200),
+            (vec![1, 11, 256], 130),
+            (vec![2, 37, 512], 65),
+            (vec![1, 24, 2048], 640),
+            (vec![3, 256], 1),
+        ] {
+            let name = format!("dequant_{}_{:?}_{n}", scheme.name(), x);
+            c.push(dequant(scheme, &x, n, &name));
         }
+    }
+    // Gemma-3-270M's Q5_0 projections (K = 640 is no whole super-block).
+    for x in [vec![1, 640], vec![1, 24, 640]] {
+        let name = format!("dequant_Q5_0_{x:?}_1024");
+        c.push(dequant(Q::Q5_0, &x, 1024, &name));
+    }
+    for scheme in [Q::Q2K, Q::Q3K, Q::Q8K] {
         let name = format!("dequant_{}", scheme.name());
         let k = scheme.block_elems();
-        c.push(
-            dequant(scheme, &[3, k], 5, &name)
-                .no_cuda("CUDA has kernels for Q4_0, Q4_1 and Q8_0 only"),
-        );
+        c.push(dequant(scheme, &[3, k], 5, &name).no_cuda(
+            "CUDA has kernels for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K only",
+        ));
     }
     // In place into a param, as output and as an attention input (the
     // decode pattern), with i64 and i32 positions.
