@@ -147,7 +147,11 @@ fn graph_with_rows(b: usize) -> Graph {
         f(&[b, 2 * N]),
     );
     let y = g.matmul(x, w, f(&[b, 2 * N]));
-    let z = g.add_node(Op::Binary(rlx_ir::BinaryOp::Add), vec![y, rows], f(&[b, 2 * N]));
+    let z = g.add_node(
+        Op::Binary(rlx_ir::BinaryOp::Add),
+        vec![y, rows],
+        f(&[b, 2 * N]),
+    );
     g.set_outputs(vec![z]);
     g
 }
@@ -182,7 +186,10 @@ fn a_new_shape_computes_only_the_param_only_results_it_does_not_share() {
             let mut next = donor.compile_sharing(graph_with_rows(b)).unwrap();
             let got = run(&mut next, b);
             assert_eq!(got, run(&mut alone(b, hybrid), b), "b={b} hybrid={hybrid}");
-            assert!(Arc::ptr_eq(&donor.packed_weights()[0], &next.packed_weights()[0]));
+            assert!(Arc::ptr_eq(
+                &donor.packed_weights()[0],
+                &next.packed_weights()[0]
+            ));
             // A later change of a shared param recomputes every result.
             if b == 8 {
                 let t2 = vals(8 * 2 * N, 4.0);

@@ -278,8 +278,7 @@ mod tests {
                 assert!(super::KERNELS.contains(&want.as_str()), "{want}");
             }
         }
-        let e = super::dequant_matmul(Q::Q4K, 0, 0, 0, 1, 4, 96, Default::default())
-            .unwrap_err();
+        let e = super::dequant_matmul(Q::Q4K, 0, 0, 0, 1, 4, 96, Default::default()).unwrap_err();
         assert!(e.contains("256-weight Q4_K"), "{e}");
     }
 

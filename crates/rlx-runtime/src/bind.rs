@@ -312,8 +312,14 @@ mod tests {
         let sub = outputs_subgraph(&g, &[2, 1]);
         let ops: Vec<String> = sub.nodes().iter().map(|n| n.op.describe()).collect();
         assert_eq!(sub.len(), 4, "{ops:?}");
-        assert!(matches!(&sub.node(sub.outputs[0]).op, Op::Concat { axis: 0 }));
-        assert!(matches!(&sub.node(sub.outputs[1]).op, Op::Narrow { start: 1, .. }));
+        assert!(matches!(
+            &sub.node(sub.outputs[0]).op,
+            Op::Concat { axis: 0 }
+        ));
+        assert!(matches!(
+            &sub.node(sub.outputs[1]).op,
+            Op::Narrow { start: 1, .. }
+        ));
         assert_eq!(sub.node(sub.outputs[1]).shape, f(&[2, 2]));
         let names: Vec<&str> = sub
             .nodes()

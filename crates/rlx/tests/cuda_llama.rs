@@ -279,6 +279,8 @@ fn kquant_llama_matches_the_cpu_backend() {
                 got = gpu.decode(argmax(w)).unwrap();
             }
         }
-        println!("K-quant tiny Llama, hybrid {hybrid}: logits within 1e-4 of max |logit| over 9 steps");
+        println!(
+            "K-quant tiny Llama, hybrid {hybrid}: logits within 1e-4 of max |logit| over 9 steps"
+        );
     }
 }

@@ -114,7 +114,10 @@ pub fn blocks(ty: u32, n: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
         Q6_K => (210, 256, &[208], 0.0002),
         _ => unreachable!("no block generator for type {ty}"),
     };
-    assert!(k.is_multiple_of(elems), "k = {k} is no whole block of type {ty}");
+    assert!(
+        k.is_multiple_of(elems),
+        "k = {k} is no whole block of type {ty}"
+    );
     let mut out: Vec<u8> = (0..n * k / elems * bb).map(|_| rng.next() as u8).collect();
     for blk in out.chunks_exact_mut(bb) {
         for (i, &o) in fields.iter().enumerate() {
@@ -166,7 +169,12 @@ pub fn kquant_llama(name: &str) -> PathBuf {
     g.kv_u32("llama.context_length", 256);
     g.kv_f32("llama.rope.freq_base", 10000.0);
     g.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5);
-    g.tensor("token_embd.weight", &[40, D], Q8_0, blocks(Q8_0, 40, D, &mut rng));
+    g.tensor(
+        "token_embd.weight",
+        &[40, D],
+        Q8_0,
+        blocks(Q8_0, 40, D, &mut rng),
+    );
     let norm = |rng: &mut Rng, n: usize| -> Vec<u8> {
         f32_bytes(
             &(0..n)
