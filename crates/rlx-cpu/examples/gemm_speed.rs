@@ -2,6 +2,8 @@
 //! three timed loops per shape, in GFLOP/s. `THREADS` (default 1) sizes the
 //! pool; `RLX_CPU_AMX=0` and `RLX_CPU_ISA` select the kernels for A/B runs;
 //! `PEAK=1` prints the FMA peak of the pool first, `ONLY_F32=1` skips bf16.
+//! `COPIES=n` (default 1) cycles through n distinct packed weights, so that
+//! with n large enough B comes from L3 or memory, as a model's layers do.
 //!
 //!     THREADS=2 cargo run --release -p rlx-cpu --example gemm_speed
 use rlx_cpu::kernels::packed_gemm::{gemm_packed, PackedB};
@@ -20,6 +22,11 @@ fn main() {
         println!("t{threads} FMA peak {peak:.1} GFLOP/s");
     }
     let only_f32 = std::env::var_os("ONLY_F32").is_some();
+    let copies: usize = std::env::var("COPIES")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(1)
+        .max(1);
     for (m, k, n) in [
         (128, 384, 384),
         (128, 384, 1536),
@@ -37,24 +44,31 @@ fn main() {
             if bf && only_f32 {
                 continue;
             }
-            let mut p = PackedB::pack(&b, k, n, n).unwrap();
-            if bf {
-                p = p.to_bf16();
-            }
+            let ps: Vec<PackedB> = (0..copies)
+                .map(|_| {
+                    let p = PackedB::pack(&b, k, n, n).unwrap();
+                    if bf {
+                        p.to_bf16()
+                    } else {
+                        p
+                    }
+                })
+                .collect();
             let mut c = vec![0f32; m * n];
             let reps = (2_000_000_000 / (m * n * k)).clamp(3, 2000);
             let mut best = f64::MAX;
             pool.install(|| {
                 for _ in 0..3 {
                     let t = Instant::now();
-                    for _ in 0..reps {
-                        gemm_packed(m, &a, k, &p, &mut c, n, None, None, threads > 1).unwrap();
+                    for i in 0..reps {
+                        let p = &ps[i % copies];
+                        gemm_packed(m, &a, k, p, &mut c, n, None, None, threads > 1).unwrap();
                     }
                     best = best.min(t.elapsed().as_secs_f64() / reps as f64);
                 }
             });
             println!(
-                "t{threads} {m}x{k}x{n} {}: {:.1} us, {:.0} GFLOP/s",
+                "t{threads} {m}x{k}x{n} {} x{copies}: {:.1} us, {:.0} GFLOP/s",
                 if bf { "bf16" } else { "f32 " },
                 best * 1e6,
                 2.0 * (m * n * k) as f64 / best / 1e9
