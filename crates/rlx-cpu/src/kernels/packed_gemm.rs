@@ -1418,7 +1418,10 @@ impl Job<'_> {
         let mut tile = 0;
         while r < r1 {
             let rows = tile_rows(r1 - r, avx512::mr());
-            let (l0, l1) = (lines * tile / tiles, (lines * (tile + 1) / tiles).min(lines));
+            let (l0, l1) = (
+                lines * tile / tiles,
+                (lines * (tile + 1) / tiles).min(lines),
+            );
             let ahead = avx512::Ahead {
                 p0: next[0].wrapping_add(64 * l0),
                 p1: next[1].wrapping_add(64 * l0),
@@ -1426,7 +1429,9 @@ impl Job<'_> {
             };
             let ap = self.a.as_ptr().add(r * self.lda + pc);
             let cp = c.0.add(r * self.ldc + panel * NR);
-            table[rows - 1](kc, ap, self.lda, b0, b1, cp, self.ldc, cols, accumulate, ahead);
+            table[rows - 1](
+                kc, ap, self.lda, b0, b1, cp, self.ldc, cols, accumulate, ahead,
+            );
             r += rows;
             tile += 1;
         }
