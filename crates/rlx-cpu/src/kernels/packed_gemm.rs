@@ -833,7 +833,10 @@ fn run_window(
         // rectangles of the window's C, all inside the extent the caller
         // checked, so no two threads write the same element and nothing
         // else borrows `c` meanwhile (`win` holds it mutably).
-        unsafe { job.block(cptr, r0, r1, p0, p1) };
+        // With rayon's splitting a thread takes consecutive tasks, so task
+        // t + 1 is what this thread most likely runs next.
+        let then = (t + 1 < part.tasks()).then(|| part.task(t + 1).1 .0);
+        unsafe { job.block_then(cptr, r0, r1, p0, p1, then) };
     };
     let tasks = part.tasks();
     if threads > 1 && tasks > 1 {
@@ -1152,6 +1155,24 @@ impl Job<'_> {
     /// `c` points at a C of the extent checked by `gemm_packed_with`, and no
     /// other thread touches this rectangle while the call runs.
     unsafe fn block(&self, c: SharedC, r0: usize, r1: usize, p0: usize, p1: usize) {
+        self.block_then(c, r0, r1, p0, p1, None);
+    }
+
+    /// [`Job::block`], where `then` is the first panel of the block this
+    /// thread most likely runs next (the next task's): the last panel
+    /// pair hints its weights into L2.
+    ///
+    /// # Safety
+    /// As for [`Job::block`].
+    unsafe fn block_then(
+        &self,
+        c: SharedC,
+        r0: usize,
+        r1: usize,
+        p0: usize,
+        p1: usize,
+        then: Option<usize>,
+    ) {
         let k = self.k;
         debug_assert!(r1 <= self.m);
         if k == 0 {
@@ -1182,7 +1203,19 @@ impl Job<'_> {
             while panel < p1 {
                 #[cfg(target_arch = "x86_64")]
                 if self.isa == Isa::Avx512 && panel + 1 < p1 {
-                    self.pair(c, r0, r1, panel, p1, pc, kc, !first);
+                    // The pair after this one in loop order: the next two
+                    // panels, else the first two of the next K block, else
+                    // those of the next block of work.
+                    let next = if panel + 3 < p1 {
+                        Some((panel + 2, 2, pc, kc))
+                    } else if panel + 2 < p1 {
+                        Some((panel + 2, 1, pc, kc))
+                    } else if pc + kc < k {
+                        Some((p0, 2.min(p1 - p0), pc + kc, step.min(k - pc - kc)))
+                    } else {
+                        then.map(|t| (t, 2, 0, step.min(k)))
+                    };
+                    self.pair(c, r0, r1, panel, next, pc, kc, !first);
                     panel += 2;
                     continue;
                 }
@@ -1373,7 +1406,7 @@ impl Job<'_> {
         r0: usize,
         r1: usize,
         panel: usize,
-        p1: usize,
+        next: Option<(usize, usize, usize, usize)>,
         pc: usize,
         kc: usize,
         accumulate: bool,
@@ -1400,19 +1433,27 @@ impl Job<'_> {
         // a weight too big for L2 comes from memory, and without this the
         // first tile of every pair waits on it (a MiniLM FFN GEMM with cold
         // weights ran at 57% of its warm speed on 2 threads of a Xeon).
-        let mut next = [std::ptr::null::<u8>(); 2];
+        // `next` is (first panel, panels, K start, K depth) of that pair.
+        let mut ahead_at = [std::ptr::null::<u8>(); 2];
         let mut lines = 0;
-        for (slot, p) in next.iter_mut().zip(panel + 2..p1.min(panel + 4)) {
-            let (at, bytes) = match self.b.panel_rows(self.pan0 + p, self.k0 + pc, kc) {
-                Panel::F32(x) => (x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)),
-                Panel::F16(x) => (x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)),
-            };
-            *slot = at;
-            lines = bytes.div_ceil(64);
+        let panels = self.b.n.div_ceil(NR);
+        if let Some((np, count, npc, nkc)) = next {
+            for (slot, p) in ahead_at.iter_mut().zip(np..np + count) {
+                if self.pan0 + p >= panels {
+                    break;
+                }
+                let (at, bytes) = match self.b.panel_rows(self.pan0 + p, self.k0 + npc, nkc) {
+                    Panel::F32(x) => (x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)),
+                    Panel::F16(x) => (x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)),
+                };
+                *slot = at;
+                lines = bytes.div_ceil(64);
+            }
         }
-        if next[1].is_null() {
-            next[1] = next[0];
+        if ahead_at[1].is_null() {
+            ahead_at[1] = ahead_at[0];
         }
+        let next = ahead_at;
         let tiles = (r1 - r0).div_ceil(avx512::mr()).max(1);
         let mut r = r0;
         let mut tile = 0;
