@@ -1246,10 +1246,10 @@ mod tests {
     #[test]
     fn declines_name_the_node_and_the_reason() {
         let mut g = Graph::new("decline");
-        let q = g.input("q", Shape::f32(&[1, 2, 256]));
+        let q = g.input("q", Shape::f32(&[1, 2, 512]));
         let op = Op::Attention {
             num_heads: 1,
-            head_dim: 256,
+            head_dim: 512,
             mask_kind: MaskKind::None,
             score_scale: None,
             attn_logit_softcap: None,
@@ -1257,7 +1257,7 @@ mod tests {
         let a = g.push(op, vec![q, q, q]).unwrap();
         let d = CudaSegmentCompiler.claims(&g, g.node(a)).unwrap_err();
         assert_eq!(d.node, Some(a));
-        assert!(d.reason.contains("head_dim 256"), "{d}");
+        assert!(d.reason.contains("head_dim 512"), "{d}");
         assert_eq!(d.to_string(), d.reason);
         assert_eq!(CudaSegmentCompiler.claims(&g, g.node(q)), Ok(()));
     }

@@ -27,4 +27,5 @@ pub const KERNELS: &[&str] = &[
     "attention_d32",
     "attention_d64",
     "attention_d128",
+    "attention_d256",
 ];

@@ -5,7 +5,8 @@
 //!   place; `pos` is read from device memory, so the launch is the same at
 //!   every step. A position outside the cache records `-(node + 1)` in the
 //!   status word and writes nothing.
-//! - `attention_rows`: one block per (query row, head, batch); keys in
+//! - `attention_rows` (head_dim <= 128) and `attention_rows_d256` (<= 256):
+//!   one block per (query row, head, batch); keys in
 //!   tiles of 256, one per thread for the scores and one per warp for P.V,
 //!   online softmax across tiles. The valid KV length comes from device
 //!   memory: a `kv_len` i32 per batch row when given, and the last kept key
@@ -18,7 +19,12 @@
 use crate::launch::{Arg, Launch};
 
 /// Names of every kernel in `cu/kv.cu`.
-pub(crate) const KERNELS: &[&str] = &["cache_write", "rope_cache_row", "attention_rows"];
+pub(crate) const KERNELS: &[&str] = &[
+    "cache_write",
+    "rope_cache_row",
+    "attention_rows",
+    "attention_rows_d256",
+];
 
 /// Query rows up to which attention uses `attention_rows`.
 pub(crate) const ROWS_MAX_SQ: usize = 4;

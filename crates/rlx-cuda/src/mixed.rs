@@ -28,6 +28,8 @@ pub const KERNELS: &[&str] = &[
     "attention_x_d32_r2",
     "attention_x_d64_r2",
     "attention_x_d128_r2",
+    "attention_x_d256",
+    "attention_x_d256_r2",
     "attention_tc_d32_bf16",
     "attention_tc_d32_f16",
     "attention_tc_d64_bf16",
@@ -143,10 +145,12 @@ pub(crate) fn attention_tc_warps(batch_heads: usize, sq: usize) -> usize {
     }
 }
 
-/// The mixed attention kernel for a problem, and its query rows per warp
-/// (the block has 4 warps). Many rows per warp share each K/V tile
-/// loaded into shared memory; few rows per warp give small problems
-/// enough blocks to fill the GPU.
+/// The mixed attention kernel for a problem (head_dim <= 256), and its
+/// query rows per warp (the block has 4 warps). Many rows per warp share
+/// each K/V tile loaded into shared memory; few rows per warp give small
+/// problems enough blocks to fill the GPU. Above 128 dims the kernels take
+/// tiles of 16 keys and at most 4 rows per warp, which fill the 48 KB of
+/// static shared memory (see `attention_x_wide_body` in `cu/mixed.cu`).
 pub(crate) fn attention_kernel(
     head_dim: usize,
     batch_heads: usize,
@@ -158,14 +162,16 @@ pub(crate) fn attention_kernel(
         let name = match head_dim {
             0..=32 => "attention_x_d32",
             33..=64 => "attention_x_d64",
-            _ => "attention_x_d128",
+            65..=128 => "attention_x_d128",
+            _ => "attention_x_d256",
         };
         (name, big)
     } else {
         let name = match head_dim {
             0..=32 => "attention_x_d32_r2",
             33..=64 => "attention_x_d64_r2",
-            _ => "attention_x_d128_r2",
+            65..=128 => "attention_x_d128_r2",
+            _ => "attention_x_d256_r2",
         };
         (name, 2)
     }

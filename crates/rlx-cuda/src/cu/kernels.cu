@@ -94,6 +94,120 @@ __device__ __forceinline__ void attention_body(
 }
 
 
+// The body of attention_d256: head_dim <= 256, for which 32 keys of K and V
+// (attention_body's tiles) would not fit the 48 KB of static shared memory
+// (73.9 KB). Keys in tiles of 16, each key's score taking two lanes (lane
+// l: key l & 15, the float4 chunks 2t + (l >> 4) of its row), summed with
+// one shuffle. K rows are unpadded, their chunks stored XOR-swizzled by
+// (key & 7), so each quarter warp's 16-byte reads hit distinct bank groups;
+// Q and K rows past D are zeros. Shared memory: 16 x 256 (K) + 16 x 256
+// (V) + 4 x 2 x 256 (Q) floats = 40 KB. ptxas (CUDA 13, sm_90): 96
+// registers, no local memory (with the row loop and the 16-key P.V loop
+// unrolled; not unrolling either put acc or spills on a stack frame).
+__device__ __forceinline__ void attention_wide_body(
+    const float* q, const float* k, const float* v, float* out,
+    int qs, int ks, int vs, int os, int Sq, int Sk, int Hq, int Hkv, int D,
+    float scale, float softcap, int mkind, int window, const void* mask,
+    int b0, int b1, int b2, int b3) {
+    constexpr int W = 256, TK = 16, DPL = 8;
+    __shared__ __align__(16) float Ks[TK][W];
+    __shared__ __align__(16) float Vs[TK][W];
+    __shared__ __align__(16) float Qs[4][2][W];
+    int b = blockIdx.z, h = blockIdx.y, hk = h / (Hq / Hkv);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int qbase = blockIdx.x * 8;
+    for (int r = 0; r < 2; ++r) {
+        int i = qbase + warp * 2 + r;
+        for (int d = lane; d < W; d += 32)
+            Qs[warp][r][d] = (i < Sq && d < D) ? q[((long long)b * Sq + i) * qs + h * D + d] : 0.0f;
+    }
+    float m[2], l[2], acc[2][DPL];
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        m[r] = NEG_INF; l[r] = 0.0f;
+        #pragma unroll
+        for (int c = 0; c < DPL; ++c) acc[r][c] = 0.0f;
+    }
+    int off = Sk - Sq;
+    int kend = Sk, kbeg = 0;
+    if (mkind == 1 || mkind == 2) {
+        int last = qbase + 7 < Sq - 1 ? qbase + 7 : Sq - 1;
+        kend = min(Sk, last + off + 1);
+        if (kend < 0) kend = 0;
+    }
+    if (mkind == 2) {
+        kbeg = qbase + off - window + 1;
+        if (kbeg < 0) kbeg = 0;
+    }
+    int jl = lane & (TK - 1), hh = lane >> 4, sw = jl & 7;
+    for (int t0 = kbeg; t0 < kend; t0 += TK) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < TK * W; idx += blockDim.x) {
+            int j = idx / W, d = idx - j * W, key = t0 + j;
+            bool ok = key < Sk && d < D;
+            long long ko = (long long)b * Sk + key;
+            Ks[j][(((d >> 2) ^ (j & 7)) << 2) | (d & 3)] = ok ? k[ko * ks + hk * D + d] : 0.0f;
+            Vs[j][d] = ok ? v[ko * vs + hk * D + d] : 0.0f;
+        }
+        __syncthreads();
+        int key = t0 + jl;
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            int i = qbase + warp * 2 + r;
+            if (i >= Sq) continue;
+            bool vis = key < kend;
+            if (mkind == 1) vis = vis && key <= i + off;
+            if (mkind == 2) vis = vis && key <= i + off && key > i + off - window;
+            // Both lanes of a key shuffle, whether or not it is visible.
+            const float4* kr = (const float4*)&Ks[jl][0];
+            const float4* qr = (const float4*)&Qs[warp][r][0];
+            float dot = 0.0f;
+            #pragma unroll 8
+            for (int t = 0; t < W / 8; ++t) {
+                int c = 2 * t + hh;
+                float4 kk = kr[c ^ sw], qq = qr[c];
+                dot += qq.x * kk.x + qq.y * kk.y + qq.z * kk.z + qq.w * kk.w;
+            }
+            dot += __shfl_xor_sync(0xffffffffu, dot, 16);
+            float s = NEG_INF;
+            if (vis) {
+                s = dot * scale;
+                if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+                if (mkind == 3 && ((const float*)mask)[(long long)b * Sk + key] == 0.0f) s = NEG_INF;
+                if (mkind == 4 && ((const unsigned char*)mask)[(long long)b * Sk + key] == 0) s = NEG_INF;
+                if (mkind == 5) s += ((const float*)mask)[(long long)b * b0 + (long long)h * b1 + (long long)i * b2 + (long long)key * b3];
+            }
+            float mnew = fmaxf(m[r], warp_max(s));
+            if (mnew == NEG_INF) continue;
+            float p = (s == NEG_INF) ? 0.0f : expf(s - mnew);
+            float corr = (m[r] == NEG_INF) ? 0.0f : expf(m[r] - mnew);
+            // Lanes 16..31 repeat lanes 0..15: each key counts once.
+            l[r] = l[r] * corr + warp_sum(lane < TK ? p : 0.0f);
+            #pragma unroll
+            for (int c = 0; c < DPL; ++c) acc[r][c] *= corr;
+            #pragma unroll
+            for (int j = 0; j < TK; ++j) {
+                float pj = __shfl_sync(0xffffffffu, p, j);
+                #pragma unroll
+                for (int c = 0; c < DPL; ++c) acc[r][c] += pj * Vs[j][lane + 32 * c];
+            }
+            m[r] = mnew;
+        }
+    }
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        int i = qbase + warp * 2 + r;
+        if (i >= Sq) continue;
+        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        #pragma unroll
+        for (int c = 0; c < DPL; ++c) {
+            int d = lane + 32 * c;
+            if (d < D) out[((long long)b * Sq + i) * os + h * D + d] = acc[r][c] * inv;
+        }
+    }
+}
+
+
 extern "C" {
 
 // out[i] = a[i % na] op b[i % nb]: operands that are a suffix of the output.
@@ -419,5 +533,15 @@ __global__ void __launch_bounds__(128) NAME(                                    
 ATTN_KERNEL(attention_d32, 1)
 ATTN_KERNEL(attention_d64, 2)
 ATTN_KERNEL(attention_d128, 4)
+
+// head_dim <= 256: as above, keys in tiles of 16 (see attention_wide_body).
+__global__ void __launch_bounds__(128) attention_d256(
+    const float* q, const float* k, const float* v, float* out,
+    int qs, int ks, int vs, int os, int Sq, int Sk, int Hq, int Hkv, int D,
+    float scale, float softcap, int mkind, int window, const void* mask,
+    int b0, int b1, int b2, int b3) {
+    attention_wide_body(q, k, v, out, qs, ks, vs, os, Sq, Sk, Hq, Hkv, D, scale, softcap,
+                        mkind, window, mask, b0, b1, b2, b3);
+}
 
 } // extern "C"

@@ -98,24 +98,31 @@ __global__ void rope_cache_row(float* out, const float* x, const void* pos, int 
     }
 }
 
-// One query row per block: grid (Sq, Hq, B), 256 threads, head_dim <= 128.
+} // extern "C"
+
+// One query row per block: grid (Sq, Hq, B), 256 threads, head_dim <= 32 NC
+// (NC 4: `attention_rows`, head_dim <= 128; NC 8: `attention_rows_d256`).
 // Keys in tiles of 256: one key per thread for the score (its K row read
 // with float4 loads when aligned), then P.V with one warp per key and the
-// lanes over dims; online softmax across tiles. Loads are batched ahead of
-// their use: a decode step is a chain of memory round trips. The valid length is read
-// from device memory: keys at or past kv_len[b] (when given) are skipped,
-// and so are keys past the last kept key of a keep-mask (found here).
-// Arguments as the tiled attention kernels. mkind: 0 none, 1 causal,
-// 2 sliding window, 3 keep-mask f32, 4 keep-mask u8, 5 bias.
-__global__ void __launch_bounds__(256) attention_rows(
+// lanes over dims (NC per lane); online softmax across tiles. Loads are
+// batched ahead of their use: a decode step is a chain of memory round
+// trips. The valid length is read from device memory: keys at or past
+// kv_len[b] (when given) are skipped, and so are keys past the last kept
+// key of a keep-mask (found here). Arguments as the tiled attention
+// kernels. mkind: 0 none, 1 causal, 2 sliding window, 3 keep-mask f32,
+// 4 keep-mask u8, 5 bias. Shared memory 1152 NC + 1056 bytes (5664 at NC 4,
+// 10272 at NC 8); ptxas (CUDA 13, sm_90): 128 registers at NC 4, 182 at NC 8
+// (vv holds 8 keys x NC dims), no spills, under __launch_bounds__(256)'s 255.
+template <int NC>
+__device__ __forceinline__ void attention_rows_body(
     const float* q, const float* k, const float* v, float* out,
     int qs, int ks, int vs, int os, int Sq, int Sk, int Hq, int Hkv, int D,
     float scale, float softcap, int mkind, int window, const void* mask,
     int b0, int b1, int b2, int b3, const int* kv_len) {
-    __shared__ float qsh[128];
+    __shared__ float qsh[32 * NC];
     __shared__ float sc[KV_TILE];
     __shared__ float red[8];
-    __shared__ float part[8][128];
+    __shared__ float part[8][32 * NC];
     int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     for (int d = tid; d < D; d += KV_TILE) qsh[d] = q[((long long)b * Sq + i) * qs + h * D + d];
@@ -137,7 +144,9 @@ __global__ void __launch_bounds__(256) attention_rows(
     const float* vb = v + (long long)b * Sk * vs + hk * D;
     bool vec = (D & 3) == 0 && (ks & 3) == 0 && (((unsigned long long)kb) & 15) == 0;
     float m = KV_NEG_INF, l = 0.0f;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[NC];
+    #pragma unroll
+    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
     __syncthreads();
     for (int c0 = kbeg; c0 < kend; c0 += KV_TILE) {
         int cn = min(KV_TILE, kend - c0);
@@ -177,17 +186,17 @@ __global__ void __launch_bounds__(256) attention_rows(
         sc[tid] = p;
         l = l * corr + kv_block_sum8(p, red);
         #pragma unroll
-        for (int c = 0; c < 4; ++c) acc[c] *= corr;
+        for (int c = 0; c < NC; ++c) acc[c] *= corr;
         // Warp w takes keys w, w + 8, ... in batches of 8 whose V loads are
         // all issued before the first is used (decode is latency-bound).
         for (int j0 = warp; j0 < cn; j0 += 64) {
-            float vv[8][4];
+            float vv[8][NC];
             #pragma unroll
             for (int t = 0; t < 8; ++t) {
                 int jj = j0 + 8 * t;
                 const float* vr = vb + (long long)(c0 + jj) * vs;
                 #pragma unroll
-                for (int c = 0; c < 4; ++c)
+                for (int c = 0; c < NC; ++c)
                     vv[t][c] = (jj < cn && lane + 32 * c < D) ? vr[lane + 32 * c] : 0.0f;
             }
             #pragma unroll
@@ -196,7 +205,7 @@ __global__ void __launch_bounds__(256) attention_rows(
                 if (jj >= cn) break;
                 float pj = sc[jj];
                 #pragma unroll
-                for (int c = 0; c < 4; ++c)
+                for (int c = 0; c < NC; ++c)
                     if (lane + 32 * c < D) acc[c] += pj * vv[t][c];
             }
         }
@@ -204,9 +213,10 @@ __global__ void __launch_bounds__(256) attention_rows(
         __syncthreads();
     }
     #pragma unroll
-    for (int c = 0; c < 4; ++c)
+    for (int c = 0; c < NC; ++c)
         if (lane + 32 * c < D) part[warp][lane + 32 * c] = acc[c];
     __syncthreads();
+    // 256 threads cover D <= 256 outputs in one pass.
     if (tid < D) {
         float t = 0.0f;
         #pragma unroll
@@ -214,5 +224,19 @@ __global__ void __launch_bounds__(256) attention_rows(
         out[((long long)b * Sq + i) * os + h * D + tid] = l > 0.0f ? t / l : 0.0f;
     }
 }
+
+extern "C" {
+
+#define ATTN_ROWS(NAME, NC)                                                              \
+__global__ void __launch_bounds__(256) NAME(                                            \
+    const float* q, const float* k, const float* v, float* out,                         \
+    int qs, int ks, int vs, int os, int Sq, int Sk, int Hq, int Hkv, int D,             \
+    float scale, float softcap, int mkind, int window, const void* mask,                \
+    int b0, int b1, int b2, int b3, const int* kv_len) {                                \
+    attention_rows_body<NC>(q, k, v, out, qs, ks, vs, os, Sq, Sk, Hq, Hkv, D, scale,    \
+                            softcap, mkind, window, mask, b0, b1, b2, b3, kv_len);      \
+}
+ATTN_ROWS(attention_rows, 4)
+ATTN_ROWS(attention_rows_d256, 8)
 
 } // extern "C"

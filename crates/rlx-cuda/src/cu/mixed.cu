@@ -107,6 +107,137 @@ __device__ __forceinline__ void attention_x_body(
     }
 }
 
+// attention_x_body for head_dim <= 256 (W = 256, 8 dims per lane): a tile
+// of 32 keys of 256 would not fit the 48 KB of static shared memory, so the
+// tile is 16 keys, each key's score taking two lanes (lane l: key l & 15,
+// float4 chunks 2t + (l >> 4) of the row, summed with one shuffle), every K
+// chunk read once for all R rows. K rows are unpadded, their chunks
+// XOR-swizzled by (key & 7) so each quarter warp's 16-byte reads hit
+// distinct bank groups; Q and K past D are zeros. Shared memory: 16 x 256
+// (K) + 16 x 256 (V) + 4 x R x 256 (Q) floats: 40 KB at R 2, 48 KB (the
+// static limit exactly) at R 4. ptxas (CUDA 13, sm_90): 104 registers at
+// R 2, 128 at R 4, no local memory.
+template <int R>
+__device__ __forceinline__ void attention_x_wide_body(
+    const void* q, const void* k, const void* v, void* out,
+    int qs, int ks, int vs, int os, int Sq, int Sk, int Hq, int Hkv, int D,
+    float scale, float softcap, int mkind, int window, const void* mask,
+    int b0, int b1, int b2, int b3, int tq, int tk, int tv, int to) {
+    constexpr int W = 256, TK = 16, DPL = 8;
+    __shared__ __align__(16) float Ks[TK][W];
+    __shared__ __align__(16) float Vs[TK][W];
+    __shared__ __align__(16) float Qs[4][R][W];
+    int b = blockIdx.z, h = blockIdx.y, hk = h / (Hq / Hkv);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int rows_blk = (blockDim.x >> 5) * R;
+    int qbase = blockIdx.x * rows_blk;
+    for (int r = 0; r < R; ++r) {
+        int i = qbase + warp * R + r;
+        for (int d = lane; d < W; d += 32)
+            Qs[warp][r][d] = (i < Sq && d < D) ? ldx(q, ((long long)b * Sq + i) * qs + h * D + d, tq) : 0.0f;
+    }
+    float m[R], l[R], acc[R][DPL], p[R];
+    #pragma unroll
+    for (int r = 0; r < R; ++r) {
+        m[r] = NEG_INF; l[r] = 0.0f;
+        #pragma unroll
+        for (int c = 0; c < DPL; ++c) acc[r][c] = 0.0f;
+    }
+    int off = Sk - Sq;
+    int kend = Sk, kbeg = 0;
+    if (mkind == 1 || mkind == 2) {
+        int last = qbase + rows_blk - 1 < Sq - 1 ? qbase + rows_blk - 1 : Sq - 1;
+        kend = min(Sk, last + off + 1);
+        if (kend < 0) kend = 0;
+    }
+    if (mkind == 2) {
+        kbeg = qbase + off - window + 1;
+        if (kbeg < 0) kbeg = 0;
+    }
+    int jl = lane & (TK - 1), hh = lane >> 4, sw = jl & 7;
+    for (int t0 = kbeg; t0 < kend; t0 += TK) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < TK * W; idx += blockDim.x) {
+            int j = idx / W, d = idx - j * W, key = t0 + j;
+            bool ok = key < Sk && d < D;
+            long long ko = ((long long)b * Sk + key);
+            Ks[j][(((d >> 2) ^ (j & 7)) << 2) | (d & 3)] = ok ? ldx(k, ko * ks + hk * D + d, tk) : 0.0f;
+            Vs[j][d] = ok ? ldx(v, ko * vs + hk * D + d, tv) : 0.0f;
+        }
+        __syncthreads();
+        int key = t0 + jl;
+        bool kvis = key < kend;
+        if (kvis && mkind == 3 && ((const float*)mask)[(long long)b * Sk + key] == 0.0f) kvis = false;
+        if (kvis && mkind == 4 && ((const unsigned char*)mask)[(long long)b * Sk + key] == 0) kvis = false;
+        // The R rows' dots, each K chunk loaded once for all rows; both
+        // lanes of a key shuffle, whether or not it is visible.
+        float dots[R];
+        {
+            const float4* kr = (const float4*)&Ks[jl][0];
+            #pragma unroll
+            for (int r = 0; r < R; ++r) dots[r] = 0.0f;
+            #pragma unroll 4
+            for (int t = 0; t < W / 8; ++t) {
+                int c = 2 * t + hh;
+                float4 kk = kr[c ^ sw];
+                #pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float4 qq = ((const float4*)&Qs[warp][r][0])[c];
+                    dots[r] += qq.x * kk.x + qq.y * kk.y + qq.z * kk.z + qq.w * kk.w;
+                }
+            }
+            #pragma unroll
+            for (int r = 0; r < R; ++r) dots[r] += __shfl_xor_sync(0xffffffffu, dots[r], 16);
+        }
+        #pragma unroll
+        for (int r = 0; r < R; ++r) {
+            int i = qbase + warp * R + r;
+            bool vis = kvis && i < Sq;
+            if (mkind == 1) vis = vis && key <= i + off;
+            if (mkind == 2) vis = vis && key <= i + off && key > i + off - window;
+            float s = NEG_INF;
+            if (vis) {
+                s = dots[r] * scale;
+                if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+                if (mkind == 5) s += ((const float*)mask)[(long long)b * b0 + (long long)h * b1 + (long long)i * b2 + (long long)key * b3];
+            }
+            float mnew = fmaxf(m[r], warp_max(s));
+            if (mnew == NEG_INF) { p[r] = 0.0f; continue; }
+            float pr = (s == NEG_INF) ? 0.0f : expf(s - mnew);
+            float corr = (m[r] == NEG_INF) ? 0.0f : expf(m[r] - mnew);
+            // Lanes 16..31 repeat lanes 0..15: each key counts once.
+            l[r] = l[r] * corr + warp_sum(lane < TK ? pr : 0.0f);
+            #pragma unroll
+            for (int c = 0; c < DPL; ++c) acc[r][c] *= corr;
+            m[r] = mnew;
+            p[r] = pr;
+        }
+        #pragma unroll 4
+        for (int j = 0; j < TK; ++j) {
+            float vv[DPL];
+            #pragma unroll
+            for (int c = 0; c < DPL; ++c) vv[c] = Vs[j][lane + 32 * c];
+            #pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float pj = __shfl_sync(0xffffffffu, p[r], j);
+                #pragma unroll
+                for (int c = 0; c < DPL; ++c) acc[r][c] += pj * vv[c];
+            }
+        }
+    }
+    #pragma unroll
+    for (int r = 0; r < R; ++r) {
+        int i = qbase + warp * R + r;
+        if (i >= Sq) continue;
+        float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        #pragma unroll
+        for (int c = 0; c < DPL; ++c) {
+            int d = lane + 32 * c;
+            if (d < D) stx(out, ((long long)b * Sq + i) * os + h * D + d, to, acc[r][c] * inv);
+        }
+    }
+}
+
 // Two floats as a 32-bit pair of 16-bit values (T: 1 bf16, 2 f16), x low.
 template <int T>
 __device__ __forceinline__ unsigned pack2(float x, float y) {
@@ -1336,6 +1467,20 @@ ATTN_X(attention_x_d128, 4, 4)
 ATTN_X(attention_x_d32_r2, 1, 2)
 ATTN_X(attention_x_d64_r2, 2, 2)
 ATTN_X(attention_x_d128_r2, 4, 2)
+
+// head_dim <= 256 (see attention_x_wide_body), R rows per warp.
+#define ATTN_XW(NAME, R)                                                                 \
+__global__ void __launch_bounds__(128) NAME(                                            \
+    const void* q, const void* k, const void* v, void* out,                             \
+    int qs, int ks, int vs, int os, int Sq, int Sk, int Hq, int Hkv, int D,             \
+    float scale, float softcap, int mkind, int window, const void* mask,                \
+    int b0, int b1, int b2, int b3, int tq, int tk, int tv, int to) {                   \
+    attention_x_wide_body<R>(q, k, v, out, qs, ks, vs, os, Sq, Sk, Hq, Hkv, D, scale,   \
+                             softcap, mkind, window, mask, b0, b1, b2, b3,              \
+                             tq, tk, tv, to);                                           \
+}
+ATTN_XW(attention_x_d256, 4)
+ATTN_XW(attention_x_d256_r2, 2)
 
 #define ATTN_TC(NAME, D, T)                                                              \
 __global__ void __launch_bounds__(128) NAME(                                            \

@@ -8,6 +8,10 @@ use crate::views::{bcast_strides, pad};
 use rlx_ir::op::MaskKind;
 use rlx_ir::{DType, Op};
 
+/// The widest head the attention kernels take (`attention_rows_d256`,
+/// `attention_d256`, `attention_x_d256*`).
+pub(crate) const MAX_HEAD_DIM: usize = 256;
+
 pub(super) fn attention<A: Addr>(
     cx: &Cx<'_, A>,
     hq: usize,
@@ -23,9 +27,9 @@ pub(super) fn attention<A: Addr>(
     if q.rank() != 3 || k.rank() != 3 || d == 0 || hq == 0 {
         return Err(format!("q {q}, k {k}: expected [B, S, H*D]"));
     }
-    if d > 128 {
+    if d > MAX_HEAD_DIM {
         return Err(format!(
-            "head_dim {d} > 128 is not supported by the CUDA attention kernel"
+            "head_dim {d} > {MAX_HEAD_DIM} is not supported by the CUDA attention kernels"
         ));
     }
     let (b, sq, sk) = (q.dims[0], q.dims[1], k.dims[1]);
@@ -155,7 +159,11 @@ pub(super) fn attention<A: Addr>(
         // does not depend on the valid length (no explicit kv_len here).
         args.push(Arg::P(0));
         return Ok(vec![Launch::Kernel {
-            name: "attention_rows",
+            name: if d <= 128 {
+                "attention_rows"
+            } else {
+                "attention_rows_d256"
+            },
             grid: [sq as u32, hq as u32, b as u32],
             block: 256,
             smem: 0,
@@ -167,8 +175,10 @@ pub(super) fn attention<A: Addr>(
             "attention_d32"
         } else if d <= 64 {
             "attention_d64"
-        } else {
+        } else if d <= 128 {
             "attention_d128"
+        } else {
+            "attention_d256"
         },
         grid: [sq.div_ceil(8) as u32, hq as u32, b as u32],
         block: 128,

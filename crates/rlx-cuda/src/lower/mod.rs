@@ -177,16 +177,69 @@ mod tests {
             let e = lower(&g, g.node(y), &addr, &mut Vec::new()).unwrap_err();
             assert!(e.contains("f32"), "{e}");
         }
-        let q = g.input("q", Shape::f32(&[1, 2, 256]));
+        let q = g.input("q", Shape::f32(&[1, 2, 320]));
         let op = Op::Attention {
             num_heads: 1,
-            head_dim: 256,
+            head_dim: 320,
             mask_kind: MaskKind::None,
             score_scale: None,
             attn_logit_softcap: None,
         };
         let a = g.push(op, vec![q, q, q]).unwrap();
         let e = lower(&g, g.node(a), &addr, &mut Vec::new()).unwrap_err();
-        assert!(e.contains("head_dim 256"), "{e}");
+        assert!(e.contains("head_dim 320 > 256"), "{e}");
+    }
+
+    /// Every head width up to 256 gets a kernel on each path: few query
+    /// rows (decode), a few more than that (the f32 tiled kernel), and
+    /// many (the mixed kernel; more rows per warp once the grid is big).
+    #[test]
+    fn attention_kernels_cover_heads_up_to_256() {
+        let name = |d: usize, hq: usize, sq: usize| -> &'static str {
+            let mut g = Graph::new("attn");
+            let q = g.input("q", Shape::f32(&[1, sq, hq * d]));
+            let kv = g.input("kv", Shape::f32(&[1, 600, d]));
+            let op = Op::Attention {
+                num_heads: hq,
+                head_dim: d,
+                mask_kind: MaskKind::Causal,
+                score_scale: None,
+                attn_logit_softcap: None,
+            };
+            let a = g.push(op, vec![q, kv, kv]).unwrap();
+            let ls = lower(&g, g.node(a), &addr, &mut Vec::new()).unwrap();
+            let [Launch::Kernel { name, smem: 0, .. }] = ls.as_slice() else {
+                panic!("d {d} sq {sq}: expected one kernel, got {ls:?}");
+            };
+            name
+        };
+        for (d, rows, tiled, mixed) in [
+            (64, "attention_rows", "attention_d64", "attention_x_d64_r2"),
+            (
+                128,
+                "attention_rows",
+                "attention_d128",
+                "attention_x_d128_r2",
+            ),
+            (
+                129,
+                "attention_rows_d256",
+                "attention_d256",
+                "attention_x_d256_r2",
+            ),
+            (
+                256,
+                "attention_rows_d256",
+                "attention_d256",
+                "attention_x_d256_r2",
+            ),
+        ] {
+            assert_eq!(name(d, 4, 1), rows, "d {d}");
+            assert_eq!(name(d, 4, 4), rows, "d {d}");
+            assert_eq!(name(d, 4, 6), tiled, "d {d}");
+            assert_eq!(name(d, 4, 200), mixed, "d {d}");
+        }
+        // 64 heads x 64 blocks of 16 rows: 4 rows per warp.
+        assert_eq!(name(256, 64, 1024), "attention_x_d256");
     }
 }

@@ -567,6 +567,7 @@ fn attention(c: &mut Vec<Case>) {
         513,
     ));
     c.push(attn(MaskKind::None, PLAIN, 2, 3, 3, 24, 1, 1));
+    wide_heads(c);
     // A u8 keep-mask, q = k = v, an explicit score scale.
     for (name, sq) in [("attn_u8_mask", 5), ("attn_decode_u8_mask", 1)] {
         let mut g = Graph::new(name);
@@ -586,6 +587,72 @@ fn attention(c: &mut Vec<Case>) {
         g.set_outputs(vec![y]);
         c.push(Case::new(g));
     }
+}
+
+/// Heads wider than 128 (Gemma 3: head_dim 256, 4 query heads over 1 KV
+/// head, windows on most layers): on CUDA the `*_d256` kernels, whose key
+/// tiles are 16 wide and whose scores take two lanes per key. Prefill
+/// shapes (1, 7, 64 and 200 query rows over as many keys or more), causal,
+/// windows narrower than the keys, softcaps, GQA, keep-masks and
+/// decode-shaped rows (1 and 3 queries over ~600 keys); widths 130 and 160
+/// for partial rows (130 is no multiple of 4: the decode kernel's scalar
+/// loads).
+fn wide_heads(c: &mut Vec<Case>) {
+    const PLAIN: (Option<f32>, Option<f32>) = (None, None);
+    const CAP: (Option<f32>, Option<f32>) = (None, Some(3.0));
+    let w = MaskKind::SlidingWindow;
+    for (sq, sk) in [
+        (1, 1),
+        (7, 7),
+        (1, 40),
+        (7, 40),
+        (64, 64),
+        (64, 300),
+        (200, 200),
+    ] {
+        c.push(attn(MaskKind::Causal, PLAIN, 1, 4, 1, 256, sq, sk));
+    }
+    c.push(attn(MaskKind::Causal, PLAIN, 2, 4, 1, 256, 5, 5));
+    c.push(attn(MaskKind::None, PLAIN, 2, 2, 2, 256, 7, 19));
+    c.push(attn(MaskKind::None, PLAIN, 1, 4, 1, 256, 200, 250));
+    c.push(attn(MaskKind::None, PLAIN, 1, 4, 2, 256, 1, 600));
+    // Windows narrower than the keys, prefill and decode.
+    c.push(attn(w(48), PLAIN, 1, 4, 1, 256, 200, 200));
+    c.push(attn(w(48), PLAIN, 1, 4, 1, 256, 64, 100));
+    c.push(attn(w(20), PLAIN, 1, 4, 1, 256, 7, 60));
+    c.push(attn(w(512), PLAIN, 1, 4, 1, 256, 1, 600));
+    c.push(attn(w(512), PLAIN, 1, 4, 1, 256, 64, 600));
+    // Softcaps, with and without a score scale.
+    c.push(attn(MaskKind::Causal, CAP, 1, 4, 1, 256, 64, 64));
+    c.push(attn(MaskKind::Causal, CAP, 1, 4, 1, 256, 1, 600));
+    c.push(attn(
+        w(30),
+        (Some(0.0625), Some(5.0)),
+        1,
+        4,
+        1,
+        256,
+        200,
+        200,
+    ));
+    c.push(attn(MaskKind::None, (Some(0.1), None), 1, 4, 1, 256, 6, 9));
+    // Keep-masks and a bias.
+    c.push(attn(MaskKind::Custom, PLAIN, 2, 4, 1, 256, 64, 64));
+    c.push(attn(MaskKind::Custom, PLAIN, 1, 4, 1, 256, 3, 600));
+    c.push(attn(MaskKind::Bias, PLAIN, 1, 4, 1, 256, 64, 80));
+    c.push(attn(MaskKind::Bias, PLAIN, 1, 4, 1, 256, 1, 600));
+    // A decode step over a cache of 600 positions, 437 of them filled.
+    let keep: Vec<f32> = (0..600).map(|j| if j < 437 { 1.0 } else { 0.0 }).collect();
+    let mut case = attn(MaskKind::Custom, PLAIN, 1, 4, 1, 256, 1, 600)
+        .fixed("keep", Tensor::f32(&[1, 600], keep));
+    case.name.push_str("_filled_437");
+    case.graph.name.clone_from(&case.name);
+    c.push(case);
+    // Widths between 128 and 256.
+    c.push(attn(MaskKind::Causal, PLAIN, 1, 2, 1, 160, 9, 20));
+    c.push(attn(MaskKind::Causal, PLAIN, 1, 2, 1, 160, 40, 40));
+    c.push(attn(MaskKind::Causal, CAP, 1, 2, 2, 130, 1, 300));
+    c.push(attn(MaskKind::None, PLAIN, 1, 2, 2, 130, 33, 33));
 }
 
 fn sequence(c: &mut Vec<Case>) {
