@@ -548,3 +548,69 @@ fn context_length_bounds_the_kv_cache() {
     assert!(err.to_string().contains("KV caches"), "{err}");
     assert!(LlamaModel::from_weights(w, 256, CpuOptions::default()).is_ok());
 }
+
+/// The wide-head `gemma3` file of `gguf_writer::gemma3_wide` (the one the
+/// CUDA test `cuda_llama.rs` compares with this backend): its config reads
+/// as Gemma-3-270M's attention shape, CPU thunks and hybrid agree over a
+/// prefill and 8 decode steps, and the window of the local layers is in
+/// effect (a window of 4 and one of 64 give different logits once the
+/// sequence is longer than 4).
+#[test]
+fn wide_head_gemma3_runs_on_the_cpu() {
+    use rlx_models::llama::{argmax, LlamaDevice};
+    let path = gguf_writer::gemma3_wide("gemma3_wide.gguf", 4);
+    let f = GgufFile::open(&path).unwrap();
+    let cfg = LlamaConfig::from_gguf(&f).unwrap();
+    assert_eq!(
+        (
+            cfg.n_layers,
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.head_dim
+        ),
+        (6, 256, 4, 1, 256)
+    );
+    assert_eq!(cfg.block.sliding_window, Some(4));
+    assert_eq!(
+        (0..6).map(|l| cfg.block.is_swa(l)).collect::<Vec<_>>(),
+        [true, true, true, true, true, false]
+    );
+    let prompt = [3u32, 17, 5, 39, 0, 22, 8, 11, 30];
+    let run = |path: &PathBuf, hybrid: bool| -> Vec<Vec<f32>> {
+        let opts = CpuOptions {
+            hybrid,
+            ..CpuOptions::default()
+        };
+        let mut m = LlamaModel::load_on(path, 32, LlamaDevice::Cpu(opts)).unwrap();
+        let mut out = vec![m.prefill(&prompt).unwrap()];
+        for _ in 0..8 {
+            let id = argmax(out.last().unwrap());
+            out.push(m.decode(id).unwrap());
+        }
+        out
+    };
+    let thunks = run(&path, false);
+    for (step, (h, t)) in run(&path, true).iter().zip(&thunks).enumerate() {
+        assert!(t.iter().all(|v| v.is_finite()), "step {step}");
+        let scale = t.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(scale > 0.1, "step {step}: logits up to {scale}");
+        let d = h
+            .iter()
+            .zip(t)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            d <= 1e-4 * scale,
+            "step {step}: hybrid vs thunks {d} (max |logit| {scale})"
+        );
+    }
+    let wide = run(&gguf_writer::gemma3_wide("gemma3_wide_64.gguf", 64), false);
+    let d = wide[0]
+        .iter()
+        .zip(&thunks[0])
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        d > 1e-3,
+        "a window of 4 and of 64 give the same prefill logits ({d})"
+    );
+}

@@ -205,3 +205,75 @@ pub fn kquant_llama(name: &str) -> PathBuf {
     g.tensor("output_norm.weight", &[D], F32, b);
     g.write(name)
 }
+
+/// Gemma-3-270M's attention shape in a tiny random `gemma3` GGUF: head_dim
+/// 256 with 4 query heads over 1 KV head (q is 1024 wide on a model width
+/// of 256), q/k RMSNorms per head, post-attention and post-FFN norms, GELU
+/// FFN of 512, tied Q8_0 embedding and head, vocabulary 40. Six layers, so
+/// layers 0-4 attend over a sliding window of `window` positions and
+/// layer 5 globally (`(l + 1) % 6 == 0`, as the loader reads `gemma3`).
+/// Projections in the formats of a `Q4_K_M` file: q, o and gate in Q4_K,
+/// k in Q5_K, v and down in Q6_K, up in Q5_0.
+pub fn gemma3_wide(name: &str, window: u32) -> PathBuf {
+    const D: usize = 256;
+    const FF: usize = 512;
+    const HD: usize = 256;
+    const HQ: usize = 4;
+    const LAYERS: usize = 6;
+    let mut rng = Rng(11);
+    let mut g = Gguf::default();
+    g.kv_str("general.architecture", "gemma3");
+    g.kv_u32("gemma3.block_count", LAYERS as u32);
+    g.kv_u32("gemma3.embedding_length", D as u32);
+    g.kv_u32("gemma3.feed_forward_length", FF as u32);
+    g.kv_u32("gemma3.attention.head_count", HQ as u32);
+    g.kv_u32("gemma3.attention.head_count_kv", 1);
+    g.kv_u32("gemma3.attention.key_length", HD as u32);
+    g.kv_u32("gemma3.attention.value_length", HD as u32);
+    g.kv_u32("gemma3.attention.sliding_window", window);
+    g.kv_u32("gemma3.context_length", 128);
+    g.kv_f32("gemma3.rope.freq_base", 1_000_000.0);
+    g.kv_f32("gemma3.attention.layer_norm_rms_epsilon", 1e-6);
+    g.tensor(
+        "token_embd.weight",
+        &[40, D],
+        Q8_0,
+        blocks(Q8_0, 40, D, &mut rng),
+    );
+    let norm = |rng: &mut Rng, n: usize| -> Vec<u8> {
+        f32_bytes(
+            &(0..n)
+                .map(|_| 0.5 + (rng.next() % 100) as f32 / 100.0)
+                .collect::<Vec<_>>(),
+        )
+    };
+    for l in 0..LAYERS {
+        let p = |s: &str| format!("blk.{l}.{s}.weight");
+        for (t, n) in [
+            ("attn_norm", D),
+            ("ffn_norm", D),
+            ("attn_q_norm", HD),
+            ("attn_k_norm", HD),
+            ("post_attention_norm", D),
+            ("post_ffw_norm", D),
+        ] {
+            let b = norm(&mut rng, n);
+            g.tensor(&p(t), &[n], F32, b);
+        }
+        for (t, rows, k, ty) in [
+            ("attn_q", HQ * HD, D, Q4_K),
+            ("attn_k", HD, D, Q5_K),
+            ("attn_v", HD, D, Q6_K),
+            ("attn_output", D, HQ * HD, Q4_K),
+            ("ffn_gate", FF, D, Q4_K),
+            ("ffn_up", FF, D, Q5_0),
+            ("ffn_down", D, FF, Q6_K),
+        ] {
+            let b = blocks(ty, rows, k, &mut rng);
+            g.tensor(&p(t), &[rows, k], ty, b);
+        }
+    }
+    let b = norm(&mut rng, D);
+    g.tensor("output_norm.weight", &[D], F32, b);
+    g.write(name)
+}
