@@ -405,7 +405,15 @@ impl DeviceBuffer {
             .map_err(|e| CudaError::driver("bind", e))?;
         let _lock = device_lock();
         // SAFETY: the destination holds at least `data.len()` bytes (checked above).
-        unsafe { drv::memcpy_htod_sync(self.ptr, data) }.map_err(|e| CudaError::driver("upload", e))
+        unsafe { drv::memcpy_htod_sync(self.ptr, data) }
+            .map_err(|e| CudaError::driver("upload", e))?;
+        // From pageable memory the copy returns once `data` is staged, before
+        // the DMA into the buffer is done, and runs on the legacy stream, which
+        // the executor's non-blocking stream does not wait for: without this a
+        // kernel could read the buffer's old (fresh: zero) bytes.
+        self.ctx
+            .synchronize()
+            .map_err(|e| CudaError::driver("synchronize", e))
     }
 }
 
