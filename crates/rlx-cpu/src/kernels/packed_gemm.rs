@@ -166,7 +166,15 @@ impl PackedB {
             if cs == 1 {
                 for (p, row) in dst.iter_mut().enumerate() {
                     prefetch(b.as_ptr().wrapping_add((p + PREFETCH_ROWS) * rs + j0), w);
-                    row.0[..w].copy_from_slice(&b[p * rs + j0..p * rs + j0 + w]);
+                    if w == NR {
+                        // A whole panel row: a fixed-size copy, inlined
+                        // (a memcpy call per row cost as much as the copy).
+                        row.0 = b[p * rs + j0..p * rs + j0 + NR]
+                            .try_into()
+                            .expect("NR floats");
+                    } else {
+                        row.0[..w].copy_from_slice(&b[p * rs + j0..p * rs + j0 + w]);
+                    }
                 }
             } else if rs == 1 {
                 // A transposed read (K^T of a head): column j is contiguous
