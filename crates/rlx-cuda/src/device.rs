@@ -418,6 +418,24 @@ impl DeviceBuffer {
 }
 
 impl DeviceBuffer {
+    /// Allocate `bytes` (at least 256) and set every byte to zero.
+    pub(crate) fn zeroed(ctx: &Arc<CudaContext>, bytes: usize) -> Result<DeviceBuffer, CudaError> {
+        let b = DeviceBuffer::new(ctx, bytes)?;
+        let _lock = device_lock();
+        // SAFETY: the allocation holds at least `bytes.max(256)` bytes; the
+        // context was bound by `new`.
+        unsafe { drv::memset_d8_sync(b.ptr, 0, bytes.max(256)) }
+            .map_err(|e| CudaError::driver("memset", e))?;
+        ctx.synchronize()
+            .map_err(|e| CudaError::driver("synchronize", e))?;
+        Ok(b)
+    }
+
+    /// The context the buffer was allocated in.
+    pub(crate) fn ctx(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
     /// Copy the start of the buffer into `out`, synchronously (after all
     /// work queued in the context).
     pub(crate) fn download(&self, out: &mut [u8]) -> Result<(), CudaError> {

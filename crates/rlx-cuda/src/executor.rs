@@ -462,6 +462,40 @@ impl Core {
     }
 }
 
+/// A param's device buffer moved out of a [`CudaModel`]
+/// ([`CudaModel::take_param_buffer`], [`CudaModel::new_param_buffer`]) to
+/// bind into another model of the same device, or back
+/// ([`CudaModel::set_param_buffer`]), without a host copy: e.g. the KV cache
+/// of one sequence between a decode model and a batched decode model. The
+/// memory is freed when the last handle and model holding it are dropped.
+pub struct DeviceParam {
+    buf: Arc<DeviceBuffer>,
+    shape: Shape,
+    store: Store,
+}
+
+impl DeviceParam {
+    /// The param's logical shape.
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    /// Bytes of device memory.
+    pub fn bytes(&self) -> usize {
+        self.buf.bytes
+    }
+}
+
+impl std::fmt::Debug for DeviceParam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceParam")
+            .field("shape", &self.shape)
+            .field("bytes", &self.buf.bytes)
+            .field("store", &self.store)
+            .finish()
+    }
+}
+
 /// A graph compiled for a CUDA device.
 pub struct CudaModel {
     core: Core,
@@ -476,7 +510,13 @@ pub struct CudaModel {
     /// The resolved schedule; `None` after any device address changed.
     exec: Option<Vec<ExecStep>>,
     /// Device copies of params; shared (see [`CudaModel::share_params`]).
+    /// A param bound by [`CudaModel::set_param_buffer`] has a buffer here
+    /// and no host value in `params`.
     dev_params: HashMap<String, Arc<DeviceBuffer>>,
+    /// The device address of each param when `exec` was resolved: a
+    /// [`CudaModel::set_param_buffer`] at the same address keeps `exec`
+    /// (and its captured CUDA graphs).
+    exec_addrs: HashMap<String, u64>,
     consts: HashMap<NodeId, DeviceBuffer>,
     arena: DeviceBuffer,
     scratch: DeviceBuffer,
@@ -610,6 +650,7 @@ impl CudaModel {
             stale: HashSet::new(),
             exec: None,
             dev_params: HashMap::new(),
+            exec_addrs: HashMap::new(),
             consts,
             arena,
             scratch,
@@ -625,6 +666,16 @@ impl CudaModel {
             opts: opts.clone(),
             gpu,
         })
+    }
+
+    /// A host value is about to be set for `name`: if its device buffer
+    /// came from [`set_param_buffer`](Self::set_param_buffer), let it go
+    /// (the upload gets a buffer of its own instead of writing into one
+    /// that a [`DeviceParam`] handle may still share).
+    fn detach_device_only(&mut self, name: &str) {
+        if !self.params.contains_key(name) && self.dev_params.remove(name).is_some() {
+            self.exec = None;
+        }
     }
 
     /// The memory plan's safety check: no two live tensors overlap.
@@ -778,6 +829,15 @@ impl CudaModel {
                     "share_params: param '{name}' is stored as {mine:?} here and {other:?} in the other model"
                 )));
             }
+            if !from.params.contains_key(name) {
+                if let Some(b) = from.dev_params.get(name) {
+                    // Bound by `set_param_buffer` there: device-only here too.
+                    self.params.remove(name);
+                    self.stale.remove(name);
+                    self.dev_params.insert(name.clone(), b.clone());
+                    continue;
+                }
+            }
             let host =
                 from.params
                     .get(name)
@@ -811,6 +871,134 @@ impl CudaModel {
         self.prep_dirty = self.prep.is_some();
         self.exec = None;
         Ok(())
+    }
+
+    /// Fail unless `p` can be bound to param `name` of this model by
+    /// [`set_param_buffer`](Self::set_param_buffer): `name` is a param of
+    /// the graph that runs on the device (not only of the host-side prep
+    /// graph), and `p` has its shape and device storage and lives on this
+    /// model's device. The error names the param.
+    pub fn check_param_buffer(&self, name: &str, p: &DeviceParam) -> Result<(), RuntimeError> {
+        let shape = self
+            .param_shapes
+            .get(name)
+            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
+        if !self.core.param_ids.contains_key(name)
+            || self
+                .prep
+                .as_ref()
+                .is_some_and(|p| p.params.iter().any(|n| n == name))
+        {
+            return Err(unsupported(format!(
+                "set_param_buffer: param '{name}' is read by the host-side prep graph; bind it with set_param_tensor"
+            )));
+        }
+        if &p.shape != shape {
+            return Err(unsupported(format!(
+                "set_param_buffer: param '{name}' is {shape}, the buffer holds {}",
+                p.shape
+            )));
+        }
+        let store = self.core.param_store(name);
+        if p.store != store {
+            return Err(unsupported(format!(
+                "set_param_buffer: param '{name}' is stored as {store:?} here, the buffer as {:?}",
+                p.store
+            )));
+        }
+        if !Arc::ptr_eq(p.buf.ctx(), &self.gpu.ctx) {
+            return Err(unsupported(format!(
+                "set_param_buffer: the buffer for param '{name}' is on another device"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bind param `name` to the device buffer `p` (moved in, no copy): the
+    /// model reads it, and a `CacheWrite` updates it in place, until it is
+    /// taken out again ([`take_param_buffer`](Self::take_param_buffer)) or
+    /// replaced. Checked as [`check_param_buffer`](Self::check_param_buffer)
+    /// says (on an error `p` is dropped). The resolved schedule, captured
+    /// CUDA graphs included, is kept when the buffer's address is the one
+    /// it was resolved with (rebinding the same buffers every step costs
+    /// nothing), and rebuilt on the next run otherwise.
+    pub fn set_param_buffer(&mut self, name: &str, p: DeviceParam) -> Result<(), RuntimeError> {
+        self.check_param_buffer(name, &p)?;
+        self.params.remove(name);
+        self.stale.remove(name);
+        if self.exec_addrs.get(name) != Some(&p.buf.ptr) {
+            self.exec = None;
+        }
+        self.dev_params.insert(name.to_string(), p.buf);
+        Ok(())
+    }
+
+    /// Move param `name`'s device buffer out of the model (no copy) as a
+    /// handle for [`set_param_buffer`](Self::set_param_buffer) on this or
+    /// another model of the same device; the model then has no value for
+    /// `name` until one is set. A host value not uploaded yet is uploaded
+    /// first. `Ok(None)` when `name` has no value; `UnknownParam` when it
+    /// is not a param. The buffer keeps what `CacheWrite`s wrote into it.
+    pub fn take_param_buffer(&mut self, name: &str) -> Result<Option<DeviceParam>, RuntimeError> {
+        let shape = self
+            .param_shapes
+            .get(name)
+            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?
+            .clone();
+        let store = self.core.param_store(name);
+        let buf = match (self.params.get(name), self.dev_params.get(name)) {
+            (None, None) => return Ok(None),
+            (None, Some(b)) => b.clone(),
+            (Some(_), Some(b)) if !self.stale.contains(name) => b.clone(),
+            (Some(host), have) => {
+                let bytes = device_bytes(host, store)
+                    .map_err(|e| unsupported(format!("param '{name}': {e}")))?;
+                let b = match have {
+                    Some(b) if b.bytes == bytes.len() => b.clone(),
+                    _ => Arc::new(DeviceBuffer::new(&self.gpu.ctx, bytes.len()).map_err(rt)?),
+                };
+                b.upload(&bytes).map_err(rt)?;
+                b
+            }
+        };
+        self.params.remove(name);
+        self.stale.remove(name);
+        self.dev_params.remove(name);
+        self.prep_dirty |= self
+            .prep
+            .as_ref()
+            .is_some_and(|p| p.params.iter().any(|n| n == name));
+        Ok(Some(DeviceParam { buf, shape, store }))
+    }
+
+    /// A zeroed device buffer of param `name`'s shape and storage on this
+    /// model's device, for [`set_param_buffer`](Self::set_param_buffer)
+    /// (e.g. a fresh KV cache). `UnknownParam` when `name` is not a param.
+    pub fn new_param_buffer(&self, name: &str) -> Result<DeviceParam, RuntimeError> {
+        let shape = self
+            .param_shapes
+            .get(name)
+            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?
+            .clone();
+        let store = self.core.param_store(name);
+        let bytes = if shape.dtype == rlx_ir::DType::F32 {
+            shape.numel() * store.dt.size()
+        } else {
+            shape.size_bytes()
+        };
+        let buf = DeviceBuffer::zeroed(&self.gpu.ctx, bytes).map_err(rt)?;
+        Ok(DeviceParam {
+            buf: Arc::new(buf),
+            shape,
+            store,
+        })
+    }
+
+    /// Whether the resolved schedule (and, in hybrid mode, its captured
+    /// CUDA graphs) is ready for the next run: `false` before the first run
+    /// and after a param's device address changed.
+    pub fn is_resolved(&self) -> bool {
+        self.exec.is_some()
     }
 
     /// Resolve every step's launches (and capture graphs for compiled steps).
@@ -922,6 +1110,11 @@ impl CudaModel {
         }
         self.meta = Some(meta_buf);
         self.exec = Some(steps);
+        self.exec_addrs = self
+            .dev_params
+            .iter()
+            .map(|(n, b)| (n.clone(), b.ptr))
+            .collect();
         Ok(())
     }
 
@@ -1068,7 +1261,9 @@ impl CudaModel {
 
     fn run_inner(&mut self, inputs: &[(&str, TensorRef<'_>)]) -> Result<Vec<Tensor>, RuntimeError> {
         let bound = bind_inputs(&self.inputs, inputs)?;
-        check_params_set(&self.param_shapes, |n| self.params.contains_key(n))?;
+        check_params_set(&self.param_shapes, |n| {
+            self.params.contains_key(n) || self.dev_params.contains_key(n)
+        })?;
         self.gpu.bind().map_err(rt)?;
         self.sync_params()?;
         if self.exec.is_none() {
@@ -1183,8 +1378,9 @@ impl Drop for CudaModel {
 
 impl Executable for CudaModel {
     fn set_param(&mut self, name: &str, value: TensorRef<'_>) -> Result<(), RuntimeError> {
-        let shape = param_shape(&self.param_shapes, name, &value)?;
-        self.params.insert(name.to_string(), value.to_tensor(shape));
+        let t = value.to_tensor(param_shape(&self.param_shapes, name, &value)?);
+        self.detach_device_only(name);
+        self.params.insert(name.to_string(), t);
         self.stale.insert(name.to_string());
         self.prep_dirty = self.prep.is_some();
         Ok(())
@@ -1192,6 +1388,7 @@ impl Executable for CudaModel {
 
     fn set_param_tensor(&mut self, name: &str, value: Tensor) -> Result<(), RuntimeError> {
         param_tensor_shape(&self.param_shapes, name, &value)?;
+        self.detach_device_only(name);
         self.params.insert(name.to_string(), value);
         self.stale.insert(name.to_string());
         self.prep_dirty = self.prep.is_some();
@@ -1202,7 +1399,19 @@ impl Executable for CudaModel {
         self.prep_dirty = self.prep.is_some();
         let dev = self.dev_params.remove(name);
         self.exec = None;
-        let host = self.params.remove(name)?;
+        let Some(host) = self.params.remove(name) else {
+            // Bound by `set_param_buffer`: read the device buffer back
+            // (plain f32 / native storage only).
+            let b = dev?;
+            let shape = self.param_shapes.get(name)?.clone();
+            let store = self.core.param_store(name);
+            if store.transposed || store.dt != crate::store::Dt::F32 {
+                return None;
+            }
+            let mut bytes = vec![0u8; shape.size_bytes()];
+            b.download(&mut bytes).ok()?;
+            return Some(tensor_from_bytes(&shape, &bytes));
+        };
         // A cache that CacheWrite updated on the device is handed back with
         // its device contents (None if they cannot be read).
         let written = self.core.graph.nodes().iter().any(|n| {

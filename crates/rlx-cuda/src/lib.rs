@@ -73,7 +73,9 @@ mod views;
 
 pub use device::cuda_available;
 pub use error::CudaError;
-pub use executor::{plan, CudaModel, CudaOptions, CudaPlan, CudaSegmentCompiler, SegmentPlan};
+pub use executor::{
+    plan, CudaModel, CudaOptions, CudaPlan, CudaSegmentCompiler, DeviceParam, SegmentPlan,
+};
 pub use rlx_runtime::Precision;
 
 #[cfg(test)]

@@ -347,3 +347,365 @@ fn wide_head_gemma3_matches_the_cpu_backend() {
         );
     }
 }
+
+// ---- Continuous batching on CUDA (`LlamaModel::decode_batch`) ----
+
+use rlx::models::llama::{KvCache, LlamaError, MAX_DECODE_BATCH};
+
+/// One sequence of a batched run: its prompt, the batched step it joins
+/// at (prefilled just before) and how many steps it takes part in.
+#[derive(Clone)]
+struct Seq {
+    prompt: Vec<u32>,
+    join: usize,
+    steps: usize,
+}
+
+/// `n` sequences with prompts of different lengths over a vocabulary of
+/// `vocab`: sequence 0 leaves after 3 of the 8 steps, and one more joins
+/// (prefilled) after 4.
+fn schedule(n: usize, vocab: u32) -> Vec<Seq> {
+    let prompt = |i: usize, len: usize| -> Vec<u32> {
+        (0..len)
+            .map(|j| ((i * 31 + j * 7 + 3) as u32) % vocab)
+            .collect()
+    };
+    let mut seqs: Vec<Seq> = (0..n)
+        .map(|i| Seq {
+            prompt: prompt(i, 2 + (i * 3) % 7),
+            join: 0,
+            steps: if i == 0 { 3 } else { 8 },
+        })
+        .collect();
+    seqs.push(Seq {
+        prompt: prompt(n + 5, 5),
+        join: 4,
+        steps: 4,
+    });
+    seqs
+}
+
+/// Prefill `ids` into a fresh cache through `swap_cache`, returning it and
+/// the prefill's logits.
+fn prefill_cache(m: &mut LlamaModel, ids: &[u32]) -> (KvCache, Vec<f32>) {
+    let parked = m.swap_cache(m.new_cache()).unwrap();
+    let logits = m.prefill(ids).unwrap();
+    let cache = m.swap_cache(parked).unwrap();
+    (cache, logits)
+}
+
+/// Run `seqs` through `decode_batch` of `batch` and through one-sequence
+/// decodes of `solo` (same device and options) with the same tokens; each
+/// sequence's logits must agree within 1e-4 of max |logit| at every step
+/// and its greedy ids must be equal. Returns the worst relative difference.
+fn batch_matches_solo(
+    batch: &mut LlamaModel,
+    solo: &mut LlamaModel,
+    seqs: &[Seq],
+    what: &str,
+) -> f32 {
+    // The reference: each sequence alone, greedy.
+    let want: Vec<(Vec<Vec<f32>>, Vec<u32>)> = seqs
+        .iter()
+        .map(|s| {
+            let mut logits = vec![solo.prefill(&s.prompt).unwrap()];
+            let mut ids = Vec::new();
+            for _ in 0..s.steps {
+                let id = argmax(logits.last().unwrap());
+                ids.push(id);
+                logits.push(solo.decode(id).unwrap());
+            }
+            (logits, ids)
+        })
+        .collect();
+    let mut worst = 0.0f32;
+    let mut check = |si: usize, step: usize, got: &[f32], w: &[f32]| {
+        let (d, scale) = max_diff(got, w);
+        assert!(
+            d <= 1e-4 * scale.max(1.0),
+            "{what}: sequence {si} step {step}: logits differ by {d} (max |logit| {scale})"
+        );
+        worst = worst.max(d / scale.max(1.0));
+    };
+    // (sequence, cache, logits of its last step, ids fed so far)
+    let mut live: Vec<(usize, KvCache, Vec<f32>, Vec<u32>)> = Vec::new();
+    let total = seqs.iter().map(|s| s.join + s.steps).max().unwrap();
+    for step in 0..total {
+        live.retain(|(si, _, _, fed)| fed.len() < seqs[*si].steps);
+        for (si, s) in seqs.iter().enumerate() {
+            if s.join == step {
+                let (cache, logits) = prefill_cache(batch, &s.prompt);
+                check(si, 0, &logits, &want[si].0[0]);
+                live.push((si, cache, logits, Vec::new()));
+            }
+        }
+        if live.is_empty() {
+            continue;
+        }
+        let ids: Vec<u32> = live.iter().map(|(_, _, l, _)| argmax(l)).collect();
+        let mut steps: Vec<(&mut KvCache, u32)> = live
+            .iter_mut()
+            .zip(&ids)
+            .map(|((_, c, _, _), &id)| (c, id))
+            .collect();
+        let out = batch.decode_batch(&mut steps).unwrap();
+        assert_eq!(out.len(), live.len());
+        for ((si, cache, logits, fed), (got, &id)) in live.iter_mut().zip(out.into_iter().zip(&ids))
+        {
+            fed.push(id);
+            let k = fed.len();
+            assert_eq!(
+                &fed[..],
+                &want[*si].1[..k],
+                "{what}: sequence {si}: greedy ids"
+            );
+            assert_eq!(cache.position(), seqs[*si].prompt.len() + k);
+            check(*si, k, &got, &want[*si].0[k]);
+            *logits = got;
+        }
+    }
+    worst
+}
+
+/// Every model the batched tests run: a label and a constructor for a
+/// given `CudaOptions`.
+fn batch_models() -> Vec<(String, Box<dyn Fn(CudaOptions) -> LlamaModel>)> {
+    use rlx::ir::QuantScheme;
+    use rlx::models::llama::{LlamaConfig, LlamaWeights};
+    let mut v: Vec<(String, Box<dyn Fn(CudaOptions) -> LlamaModel>)> = Vec::new();
+    let kq = gguf_writer::kquant_llama("kquant_batch.gguf");
+    v.push((
+        "K-quant tiny Llama".into(),
+        Box::new(move |o| LlamaModel::load_on(&kq, 32, LlamaDevice::Cuda(o)).unwrap()),
+    ));
+    let gm = gguf_writer::gemma3_wide("gemma3_wide_batch.gguf", 4);
+    v.push((
+        "wide-head Gemma 3 (sliding window)".into(),
+        Box::new(move |o| LlamaModel::load_on(&gm, 32, LlamaDevice::Cuda(o)).unwrap()),
+    ));
+    v.push((
+        "SmolLM2 dims, 4 layers, Q4_0".into(),
+        Box::new(|o| {
+            let mut cfg = LlamaConfig::smollm2_135m();
+            cfg.n_layers = 4;
+            let w =
+                LlamaWeights::synthetic(&cfg, QuantScheme::Q4_0, QuantScheme::Q8_0, 11).unwrap();
+            LlamaModel::from_weights_on(w, 32, LlamaDevice::Cuda(o)).unwrap()
+        }),
+    ));
+    if let Some(p) = model_path() {
+        v.push((
+            "SmolLM2-135M Q4_1".into(),
+            Box::new(move |o| LlamaModel::load_on(&p, 32, LlamaDevice::Cuda(o)).unwrap()),
+        ));
+    }
+    v
+}
+
+/// Continuous batching on CUDA: for each test model, in thunks and hybrid
+/// mode (the batched step one CUDA graph per N), 1, 3 and 5 sequences with
+/// prompts of different lengths are prefilled (swapped in and out), then
+/// fed greedy ids by `decode_batch` for 8 steps while sequence 0 leaves
+/// after 3 and a new one joins after 4; every sequence's logits match its
+/// one-sequence CUDA decode within 1e-4 of max |logit|, and its greedy ids
+/// are equal.
+#[test]
+fn decode_batch_on_cuda_matches_solo_decodes() {
+    if !cuda_or_skip() {
+        return;
+    }
+    for (name, make) in batch_models() {
+        for hybrid in [false, true] {
+            let opts = CudaOptions {
+                hybrid,
+                ..CudaOptions::default()
+            };
+            let mut batch = make(opts.clone());
+            let mut solo = make(opts);
+            let vocab = batch.config().vocab as u32;
+            for n in [1usize, 3, 5] {
+                let what = format!("{name}, hybrid {hybrid}, N = {n}");
+                let worst = batch_matches_solo(&mut batch, &mut solo, &schedule(n, vocab), &what);
+                println!("{what}: batched logits within {worst:.1e} of max |logit| of the solo decode, greedy ids equal");
+            }
+            if hybrid {
+                for p in batch.compiled_plans() {
+                    if p.name.starts_with("decode") {
+                        assert_eq!(
+                            p.report.dispatches, 1,
+                            "{name}: {} is one CUDA graph",
+                            p.name
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Errors of `decode_batch` / `swap_cache` on CUDA, before anything runs:
+/// no sequences, too many, a cache of another CUDA model, a host cache of
+/// a CPU model; the good caches still work after.
+#[test]
+fn decode_batch_on_cuda_rejects_foreign_caches() {
+    if !cuda_or_skip() {
+        return;
+    }
+    let path = gguf_writer::kquant_llama("kquant_batch_err.gguf");
+    let opts = CudaOptions {
+        hybrid: true,
+        ..CudaOptions::default()
+    };
+    let mut m = LlamaModel::load_on(&path, 32, LlamaDevice::Cuda(opts.clone())).unwrap();
+    let err = m.decode_batch(&mut []).unwrap_err();
+    assert!(
+        matches!(err, LlamaError::BatchSize { batch: 0, .. }),
+        "{err}"
+    );
+    let mut many: Vec<KvCache> = (0..=MAX_DECODE_BATCH).map(|_| m.new_cache()).collect();
+    let mut steps: Vec<(&mut KvCache, u32)> = many.iter_mut().map(|c| (c, 1)).collect();
+    let err = m.decode_batch(&mut steps).unwrap_err();
+    assert!(matches!(err, LlamaError::BatchSize { .. }), "{err}");
+    let (mut a, _) = prefill_cache(&mut m, &[1, 2, 3]);
+    assert!(a.on_device());
+    let mut other = LlamaModel::load_on(&path, 32, LlamaDevice::Cuda(opts)).unwrap();
+    let (mut foreign, _) = prefill_cache(&mut other, &[4, 5]);
+    let err = m
+        .decode_batch(&mut [(&mut a, 7), (&mut foreign, 1)])
+        .unwrap_err();
+    assert!(
+        matches!(&err, LlamaError::BatchSequence { index: 1, source } if matches!(**source, LlamaError::ForeignCache { .. })),
+        "{err}"
+    );
+    let mut cpu = LlamaModel::load_on(&path, 32, LlamaDevice::Cpu(CpuOptions::default())).unwrap();
+    let (mut host, _) = prefill_cache(&mut cpu, &[4, 5]);
+    assert!(!host.on_device());
+    let err = m.decode_batch(&mut [(&mut host, 1)]).unwrap_err();
+    assert!(
+        matches!(&err, LlamaError::BatchSequence { index: 0, source } if matches!(**source, LlamaError::ForeignCache { .. })),
+        "{err}"
+    );
+    let err = m.swap_cache(host).unwrap_err();
+    assert!(err.to_string().contains("host tensors"), "{err}");
+    let err = cpu.swap_cache(foreign).unwrap_err();
+    assert!(err.to_string().contains("device buffers"), "{err}");
+    assert_eq!(a.position(), 3);
+    let out = m.decode_batch(&mut [(&mut a, 7)]).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(a.position(), 4);
+    println!("decode_batch on CUDA: bad batches and foreign caches rejected");
+}
+
+/// The checks of `decode_batch` that need no GPU, in a build with the
+/// `cuda` feature (the caches of CPU models): an empty batch and a cache of
+/// another model are refused, nothing changes.
+#[test]
+fn decode_batch_errors_need_no_gpu() {
+    let path = gguf_writer::kquant_llama("kquant_batch_cpu.gguf");
+    let mut m = LlamaModel::load_on(&path, 32, LlamaDevice::Cpu(CpuOptions::default())).unwrap();
+    let err = m.decode_batch(&mut []).unwrap_err();
+    assert!(
+        matches!(err, LlamaError::BatchSize { batch: 0, .. }),
+        "{err}"
+    );
+    let mut other =
+        LlamaModel::load_on(&path, 32, LlamaDevice::Cpu(CpuOptions::default())).unwrap();
+    let (mut foreign, _) = prefill_cache(&mut other, &[4, 5]);
+    let (mut a, _) = prefill_cache(&mut m, &[1, 2, 3]);
+    let err = m
+        .decode_batch(&mut [(&mut a, 7), (&mut foreign, 1)])
+        .unwrap_err();
+    assert!(
+        matches!(&err, LlamaError::BatchSequence { index: 1, source } if matches!(**source, LlamaError::ForeignCache { .. })),
+        "{err}"
+    );
+    assert_eq!((a.position(), foreign.position()), (3, 2));
+    assert!(!a.on_device());
+    assert_eq!(m.decode_batch(&mut [(&mut a, 7)]).unwrap().len(), 1);
+}
+
+/// `CudaModel::take_param_buffer` / `set_param_buffer`: a cache written in
+/// place by `CacheWrite` moves between two models without a host copy;
+/// rebinding the same buffer keeps the resolved schedule (and its CUDA
+/// graph), another buffer rebuilds it; a buffer of the wrong shape is
+/// refused with the param's name.
+#[test]
+fn param_buffers_move_between_cuda_models() {
+    use rlx::cuda::CudaModel;
+    use rlx::ir::{DType, Graph, Op, Shape};
+    use rlx::runtime::{Executable, TensorRef};
+    if !cuda_or_skip() {
+        return;
+    }
+    let graph = || {
+        let mut g = Graph::new("cw");
+        let x = g.input("x", Shape::f32(&[1, 1, 4]));
+        let pos = g.input("pos", Shape::new(&[1], DType::I64));
+        let c = g.param("cache", Shape::f32(&[1, 8, 4]));
+        let w = g.push(Op::CacheWrite { axis: 1 }, vec![c, x, pos]).unwrap();
+        g.set_outputs(vec![w]);
+        g
+    };
+    for hybrid in [false, true] {
+        let opts = CudaOptions {
+            hybrid,
+            ..CudaOptions::default()
+        };
+        let mut a = CudaModel::compile(graph(), &opts).unwrap();
+        let mut b = CudaModel::compile(graph(), &opts).unwrap();
+        let p = a.new_param_buffer("cache").unwrap();
+        a.set_param_buffer("cache", p).unwrap();
+        let run = |m: &mut CudaModel, v: f32, at: i64| {
+            m.run(&[
+                ("x", TensorRef::F32(&[v; 4])),
+                ("pos", TensorRef::I64(&[at])),
+            ])
+            .unwrap()
+        };
+        run(&mut a, 1.0, 0);
+        assert!(a.is_resolved());
+        // Out and back in: the same address keeps the schedule.
+        let p = a.take_param_buffer("cache").unwrap().unwrap();
+        assert!(a.take_param_buffer("cache").unwrap().is_none());
+        a.set_param_buffer("cache", p).unwrap();
+        assert!(
+            a.is_resolved(),
+            "hybrid {hybrid}: same buffer, same schedule"
+        );
+        run(&mut a, 2.0, 1);
+        // Into the other model, which writes row 2.
+        let p = a.take_param_buffer("cache").unwrap().unwrap();
+        b.set_param_buffer("cache", p).unwrap();
+        let out = run(&mut b, 3.0, 2);
+        let v = out[0].as_f32().unwrap();
+        assert_eq!(
+            &v[..12],
+            &[1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 3.0, 3.0, 3.0, 3.0]
+        );
+        assert!(v[12..].iter().all(|&x| x == 0.0));
+        // Another buffer: the schedule is resolved again.
+        let fresh = b.new_param_buffer("cache").unwrap();
+        let old = b.take_param_buffer("cache").unwrap().unwrap();
+        b.set_param_buffer("cache", fresh).unwrap();
+        assert!(!b.is_resolved());
+        // The host copy of a device-only param is its device contents.
+        a.set_param_buffer("cache", old).unwrap();
+        let t = a.take_param("cache").unwrap();
+        assert_eq!(t.as_f32().unwrap()[8], 3.0);
+        // Wrong shape: refused, naming the param.
+        let mut g = Graph::new("other");
+        let x = g.input("x", Shape::f32(&[1, 1, 4]));
+        let pos = g.input("pos", Shape::new(&[1], DType::I64));
+        let c = g.param("cache", Shape::f32(&[1, 9, 4]));
+        let w = g.push(Op::CacheWrite { axis: 1 }, vec![c, x, pos]).unwrap();
+        g.set_outputs(vec![w]);
+        let wide = CudaModel::compile(g, &opts).unwrap();
+        let q = wide.new_param_buffer("cache").unwrap();
+        let err = b.set_param_buffer("cache", q).unwrap_err();
+        assert!(err.to_string().contains("'cache'"), "{err}");
+        assert!(b
+            .set_param_buffer("nope", b.new_param_buffer("cache").unwrap())
+            .is_err());
+        println!("param buffers, hybrid {hybrid}: moved without a copy, schedule kept on rebind");
+    }
+}

@@ -47,24 +47,44 @@ enum Engine {
         /// on first use (sharing the decode model's weights) and kept.
         batch: Vec<Option<CpuModel>>,
     },
-    /// Caches never move: the prefill model uses the decode model's device
-    /// buffers for every param (`CudaModel::share_params`).
+    /// The prefill and batched decode models use the decode model's device
+    /// buffers for every weight (`CudaModel::share_params`); the caches are
+    /// device buffers moved (not copied) between the decode and the
+    /// prefill model, as on the CPU (`CudaModel::take_param_buffer` /
+    /// `set_param_buffer`: the same buffers at the same addresses keep each
+    /// model's captured CUDA graphs).
     #[cfg(feature = "cuda")]
     Cuda {
         opts: rlx_cuda::CudaOptions,
         decode: rlx_cuda::CudaModel,
         prefill: Option<(Phase, rlx_cuda::CudaModel)>,
+        /// Whether the caches currently live in the decode model.
+        caches_in_decode: bool,
+        /// The batched decode model of `N` sequences at index `N`.
+        batch: Vec<Option<rlx_cuda::CudaModel>>,
     },
 }
 
-/// Names of every param of `g`.
+/// Names of every param of `g` but the KV caches (`cache.*`): the
+/// weights, which a CUDA prefill or batched decode model shares with the
+/// decode model.
 #[cfg(feature = "cuda")]
-fn param_names(g: &Graph) -> Vec<String> {
+fn weight_names(g: &Graph) -> Vec<String> {
     g.nodes()
         .iter()
         .filter_map(|n| match &n.op {
-            Op::Param { name } => Some(name.clone()),
+            Op::Param { name } if !name.starts_with("cache.") => Some(name.clone()),
             _ => None,
+        })
+        .collect()
+}
+
+/// The names of every layer's k and v cache params, in [`KvCache`] order.
+fn all_cache_names(n_layers: usize) -> Vec<String> {
+    (0..n_layers)
+        .flat_map(|l| {
+            let (k, v) = cache_names(l);
+            [k, v]
         })
         .collect()
 }
@@ -188,11 +208,17 @@ impl LlamaModel {
             LlamaDevice::Cuda(opts) => {
                 let mut decode = rlx_cuda::CudaModel::compile(g, &opts)?;
                 bind_weights(&mut decode, &weights)?;
-                zero_caches(&mut decode)?;
+                // Zeroed device buffers (no host copy of the caches).
+                for name in all_cache_names(config.n_layers) {
+                    let p = decode.new_param_buffer(&name)?;
+                    decode.set_param_buffer(&name, p)?;
+                }
                 Engine::Cuda {
                     opts,
                     decode,
                     prefill: None,
+                    caches_in_decode: true,
+                    batch: Vec::new(),
                 }
             }
         };
@@ -267,9 +293,17 @@ impl LlamaModel {
             }
             #[cfg(feature = "cuda")]
             Engine::Cuda {
-                decode, prefill, ..
+                decode,
+                prefill,
+                batch,
+                ..
             } => {
                 out.push(plan("decode".into(), decode.graph().len(), decode));
+                for (n, m) in batch.iter().enumerate() {
+                    if let Some(m) = m {
+                        out.push(plan(format!("decode_batch {n}"), m.graph().len(), m));
+                    }
+                }
                 if let Some((p, m)) = prefill {
                     out.push(plan(phase_name(p), m.graph().len(), m));
                 }
@@ -309,47 +343,76 @@ impl LlamaModel {
         Ok(())
     }
 
-    /// Move every cache param between the CPU prefill and decode models
-    /// (nothing to do on CUDA, where they share device buffers).
+    /// Move every cache param between the prefill and decode models (host
+    /// tensors on the CPU, device buffers on CUDA; never a copy).
     fn move_caches(&mut self, to_decode: bool) -> Result<(), LlamaError> {
-        let (decode, prefill, caches_in_decode) = match &mut self.engine {
+        let names = all_cache_names(self.config.n_layers);
+        let expected = || {
+            format!(
+                "KV cache f32 [1, {}, {}]",
+                self.ctx_len,
+                self.config.kv_dim()
+            )
+        };
+        match &mut self.engine {
             Engine::Cpu {
                 decode,
                 prefill,
                 caches_in_decode,
                 ..
-            } => (decode, prefill, caches_in_decode),
+            } => {
+                if *caches_in_decode == to_decode {
+                    return Ok(());
+                }
+                let Some((_, pre)) = prefill.as_mut() else {
+                    return Ok(());
+                };
+                let (from, to) = if to_decode {
+                    (pre, decode)
+                } else {
+                    (decode, pre)
+                };
+                for name in names {
+                    let t = from
+                        .take_param(&name)
+                        .ok_or_else(|| LlamaError::MissingTensor {
+                            name: name.clone(),
+                            expected: expected(),
+                        })?;
+                    to.set_param_tensor(&name, t)?;
+                }
+                *caches_in_decode = to_decode;
+            }
             #[cfg(feature = "cuda")]
-            Engine::Cuda { .. } => return Ok(()),
-        };
-        if *caches_in_decode == to_decode {
-            return Ok(());
-        }
-        let Some((_, pre)) = prefill.as_mut() else {
-            return Ok(());
-        };
-        let (from, to) = if to_decode {
-            (pre, decode)
-        } else {
-            (decode, pre)
-        };
-        for l in 0..self.config.n_layers {
-            let (k, v) = cache_names(l);
-            for name in [k, v] {
-                let t = from
-                    .take_param(&name)
-                    .ok_or_else(|| LlamaError::MissingTensor {
-                        name: name.clone(),
-                        expected: format!(
-                            "KV cache f32 [1, {}, {}]",
-                            self.ctx_len,
-                            self.config.kv_dim()
-                        ),
+            Engine::Cuda {
+                decode,
+                prefill,
+                caches_in_decode,
+                ..
+            } => {
+                if *caches_in_decode == to_decode {
+                    return Ok(());
+                }
+                let Some((_, pre)) = prefill.as_mut() else {
+                    return Ok(());
+                };
+                let (from, to) = if to_decode {
+                    (pre, decode)
+                } else {
+                    (decode, pre)
+                };
+                for name in names {
+                    let p = from.take_param_buffer(&name)?.ok_or_else(|| {
+                        LlamaError::MissingTensor {
+                            name: name.clone(),
+                            expected: expected(),
+                        }
                     })?;
-                to.set_param_tensor(&name, t)?;
+                    to.set_param_buffer(&name, p)?;
+                }
+                *caches_in_decode = to_decode;
             }
         }
-        *caches_in_decode = to_decode;
         Ok(())
     }
 
@@ -384,8 +447,10 @@ impl LlamaModel {
                 opts,
                 decode,
                 prefill,
+                ..
             } => {
-                let names = param_names(&g);
+                // The weights are shared; the caches move in for each run.
+                let names = weight_names(&g);
                 // Drop the old model first: its device memory is freed.
                 *prefill = None;
                 let mut m = rlx_cuda::CudaModel::compile(g, opts)?;
@@ -525,74 +590,173 @@ impl LlamaModel {
 
     /// A fresh (zeroed, empty) KV cache of this model's shape, for
     /// [`swap_cache`](Self::swap_cache): one per sequence a caller keeps.
+    /// On the CPU it holds host tensors; on CUDA zeroed device buffers.
+    /// On CUDA an allocation that fails gives a cache that every use
+    /// rejects with the allocation's error; [`try_new_cache`](Self::try_new_cache)
+    /// returns the error instead.
     pub fn new_cache(&self) -> KvCache {
-        let kv = self.config.kv_dim();
-        let tensors = (0..self.config.n_layers)
-            .flat_map(|l| {
-                let (k, v) = cache_names(l);
-                [k, v]
-            })
-            .map(|name| {
-                let t = Tensor::f32(&[1, self.ctx_len, kv], vec![0.0; self.ctx_len * kv]);
-                (name, t)
-            })
-            .collect();
-        KvCache {
-            tensors,
-            pos: 0,
-            model: self.id,
+        match self.try_new_cache() {
+            Ok(c) => c,
+            #[cfg(feature = "cuda")]
+            Err(e) => KvCache {
+                store: CacheStore::Device {
+                    bufs: Vec::new(),
+                    error: Some(e.to_string()),
+                },
+                pos: 0,
+                model: self.id,
+            },
+            #[cfg(not(feature = "cuda"))]
+            Err(e) => unreachable!("a host cache cannot fail: {e}"),
         }
     }
 
+    /// [`new_cache`](Self::new_cache), with the error of a device
+    /// allocation that fails (CUDA only; on the CPU it always succeeds).
+    pub fn try_new_cache(&self) -> Result<KvCache, LlamaError> {
+        let kv = self.config.kv_dim();
+        let names = all_cache_names(self.config.n_layers);
+        let store = match &self.engine {
+            Engine::Cpu { .. } => CacheStore::Host(
+                names
+                    .into_iter()
+                    .map(|name| {
+                        let t = Tensor::f32(&[1, self.ctx_len, kv], vec![0.0; self.ctx_len * kv]);
+                        (name, t)
+                    })
+                    .collect(),
+            ),
+            #[cfg(feature = "cuda")]
+            Engine::Cuda { decode, .. } => {
+                let mut bufs = Vec::with_capacity(names.len());
+                for name in names {
+                    let p = decode.new_param_buffer(&name)?;
+                    bufs.push((name, Some(p)));
+                }
+                CacheStore::Device { bufs, error: None }
+            }
+        };
+        Ok(KvCache {
+            store,
+            pos: 0,
+            model: self.id,
+        })
+    }
+
     /// Put `cache` (its tensors and position) into the model and return the
-    /// one it held: the tensors are moved, not copied. Several sequences
-    /// can so share one compiled model, each with its own cache and
-    /// position: swap a sequence's cache in, [`prefill`](Self::prefill) or
-    /// [`decode`](Self::decode) it, swap it out. Errors (and changes
-    /// nothing) when `cache` is not of this model's shape.
+    /// one it held: the tensors (on CUDA the device buffers) are moved, not
+    /// copied. Several sequences can so share one compiled model, each with
+    /// its own cache and position: swap a sequence's cache in,
+    /// [`prefill`](Self::prefill) or [`decode`](Self::decode) it, swap it
+    /// out. Errors (and changes nothing) when `cache` is not of this
+    /// model's shape or device (a host cache given to a CUDA model, or the
+    /// reverse).
     pub fn swap_cache(&mut self, cache: KvCache) -> Result<KvCache, LlamaError> {
         let kv = self.config.kv_dim();
         let want = self.config.n_layers * 2;
-        let ok = cache.tensors.len() == want
-            && cache.pos <= self.ctx_len
-            && cache.tensors.iter().enumerate().all(|(i, (name, t))| {
-                let (k, v) = cache_names(i / 2);
-                *name == if i % 2 == 0 { k } else { v }
-                    && t.shape.dims[..] == [1, self.ctx_len, kv]
-                    && matches!(&*t.data, TensorData::F32(d) if d.len() == self.ctx_len * kv)
-            });
-        if !ok {
-            return Err(LlamaError::MissingTensor {
-                name: "KvCache".into(),
-                expected: format!(
-                    "{want} f32 tensors cache.k.{{l}}/cache.v.{{l}} of [1, {}, {kv}] and a position <= {}",
-                    self.ctx_len, self.ctx_len
-                ),
-            });
+        let names = all_cache_names(self.config.n_layers);
+        let bad = |detail: String| {
+            LlamaError::MissingTensor {
+            name: "KvCache".into(),
+            expected: format!(
+                "{want} f32 tensors cache.k.{{l}}/cache.v.{{l}} of [1, {}, {kv}] and a position <= {}{detail}",
+                self.ctx_len, self.ctx_len
+            ),
         }
-        self.move_caches(true)?;
-        let decode: &mut dyn Executable = match &mut self.engine {
-            Engine::Cpu { decode, .. } => decode,
-            #[cfg(feature = "cuda")]
-            Engine::Cuda { decode, .. } => decode,
         };
-        let mut old = Vec::with_capacity(want);
-        for (name, t) in cache.tensors {
-            let prev = decode
-                .take_param(&name)
-                .ok_or_else(|| LlamaError::MissingTensor {
-                    name: name.clone(),
-                    expected: format!("KV cache f32 [1, {}, {kv}]", self.ctx_len),
-                })?;
-            decode.set_param_tensor(&name, t)?;
-            old.push((name, prev));
+        if cache.pos > self.ctx_len {
+            return Err(bad(String::new()));
         }
-        let pos = std::mem::replace(&mut self.pos, cache.pos);
-        Ok(KvCache {
-            tensors: old,
-            pos,
-            model: self.id,
-        })
+        match (&mut self.engine, cache.store) {
+            (Engine::Cpu { .. }, CacheStore::Host(tensors)) => {
+                let ok = tensors.len() == want
+                    && tensors.iter().zip(&names).all(|((name, t), want_name)| {
+                        name == want_name
+                            && t.shape.dims[..] == [1, self.ctx_len, kv]
+                            && matches!(&*t.data, TensorData::F32(d) if d.len() == self.ctx_len * kv)
+                    });
+                if !ok {
+                    return Err(bad(String::new()));
+                }
+                self.move_caches(true)?;
+                let decode = match &mut self.engine {
+                    Engine::Cpu { decode, .. } => decode,
+                    #[cfg(feature = "cuda")]
+                    Engine::Cuda { .. } => unreachable!("matched above"),
+                };
+                let mut old = Vec::with_capacity(want);
+                for (name, t) in tensors {
+                    let prev =
+                        decode
+                            .take_param(&name)
+                            .ok_or_else(|| LlamaError::MissingTensor {
+                                name: name.clone(),
+                                expected: format!("KV cache f32 [1, {}, {kv}]", self.ctx_len),
+                            })?;
+                    decode.set_param_tensor(&name, t)?;
+                    old.push((name, prev));
+                }
+                let pos = std::mem::replace(&mut self.pos, cache.pos);
+                Ok(KvCache {
+                    store: CacheStore::Host(old),
+                    pos,
+                    model: self.id,
+                })
+            }
+            #[cfg(feature = "cuda")]
+            (Engine::Cuda { decode, .. }, CacheStore::Device { bufs, error }) => {
+                if let Some(e) = error {
+                    return Err(bad(format!(" (this cache's allocation failed: {e})")));
+                }
+                let ok = bufs.len() == want
+                    && bufs.iter().zip(&names).all(|((name, p), want_name)| {
+                        name == want_name
+                            && p.as_ref().is_some_and(|p| {
+                                p.shape().dims[..] == [1, self.ctx_len, kv]
+                                    && p.shape().dtype == rlx_ir::DType::F32
+                            })
+                    });
+                if !ok {
+                    return Err(bad(String::new()));
+                }
+                for (name, p) in &bufs {
+                    decode.check_param_buffer(name, p.as_ref().expect("checked above"))?;
+                }
+                self.move_caches(true)?;
+                let decode = match &mut self.engine {
+                    Engine::Cuda { decode, .. } => decode,
+                    Engine::Cpu { .. } => unreachable!("matched above"),
+                };
+                let mut old = Vec::with_capacity(want);
+                for (name, p) in bufs {
+                    let prev = decode.take_param_buffer(&name)?.ok_or_else(|| {
+                        LlamaError::MissingTensor {
+                            name: name.clone(),
+                            expected: format!("KV cache f32 [1, {}, {kv}]", self.ctx_len),
+                        }
+                    })?;
+                    decode.set_param_buffer(&name, p.expect("checked above"))?;
+                    old.push((name, Some(prev)));
+                }
+                let pos = std::mem::replace(&mut self.pos, cache.pos);
+                Ok(KvCache {
+                    store: CacheStore::Device {
+                        bufs: old,
+                        error: None,
+                    },
+                    pos,
+                    model: self.id,
+                })
+            }
+            #[cfg(feature = "cuda")]
+            (Engine::Cpu { .. }, CacheStore::Device { .. }) => Err(bad(
+                " on the host (this cache holds CUDA device buffers)".into(),
+            )),
+            #[cfg(feature = "cuda")]
+            (Engine::Cuda { .. }, CacheStore::Host(_)) => Err(bad(
+                " in CUDA device buffers (this cache holds host tensors)".into(),
+            )),
+        }
     }
 
     /// Feed one token at the next position and return the logits for the
@@ -691,8 +855,17 @@ impl LlamaModel {
     /// [`MAX_DECODE_BATCH`]; [`LlamaError::BatchSequence`] naming the
     /// sequence and wrapping `ForeignCache` (a cache made by another model,
     /// or of another shape), `NoPrefill` (an empty cache),
-    /// `ContextOverflow` (a full cache) or `TokenOutOfRange`. On CUDA this
-    /// is not implemented yet (a `Runtime` error).
+    /// `ContextOverflow` (a full cache) or `TokenOutOfRange`.
+    ///
+    /// On CUDA the caches are device buffers, bound to rows `0..N` of the
+    /// step's model by moving the handles in and back out
+    /// (`CudaModel::set_param_buffer` / `take_param_buffer`, no copy); a
+    /// binding at the same addresses as the last step keeps the model's
+    /// resolved schedule, in hybrid mode its captured CUDA graph, so a
+    /// steady batch replays one graph per step (a change of the sequences
+    /// in some row captures it again). The rows are not bit-identical to
+    /// the solo decode there (cuBLAS picks other kernels for `N` rows),
+    /// but agree to rounding.
     pub fn decode_batch(
         &mut self,
         steps: &mut [(&mut KvCache, u32)],
@@ -727,64 +900,35 @@ impl LlamaModel {
             }
             m
         });
-        let batch = match &mut self.engine {
-            Engine::Cpu { batch, .. } => batch,
+        let mut inputs = vec![
+            ("ids", TensorRef::I64(&ids)),
+            ("pos", TensorRef::I64(&pos)),
+            ("kv_mask", TensorRef::F32(&mask)),
+        ];
+        if let Some(m) = &mask_swa {
+            inputs.push((swa_name.as_str(), TensorRef::F32(m)));
+        }
+        let missing = || LlamaError::BatchSize {
+            batch: n,
+            max: MAX_DECODE_BATCH,
+        };
+        let out = match &mut self.engine {
+            Engine::Cpu { batch, .. } => {
+                let model = batch
+                    .get_mut(n)
+                    .and_then(Option::as_mut)
+                    .ok_or_else(missing)?;
+                run_batch_cpu(model, steps, &inputs)?
+            }
             #[cfg(feature = "cuda")]
-            Engine::Cuda { .. } => return Err(batch_on_cuda()),
+            Engine::Cuda { batch, .. } => {
+                let model = batch
+                    .get_mut(n)
+                    .and_then(Option::as_mut)
+                    .ok_or_else(missing)?;
+                run_batch_cuda(model, steps, &inputs)?
+            }
         };
-        let model = batch
-            .get_mut(n)
-            .and_then(Option::as_mut)
-            .ok_or(LlamaError::BatchSize {
-                batch: n,
-                max: MAX_DECODE_BATCH,
-            })?;
-        // Move each cache's tensors into its sequence's params...
-        let mut bound = Ok(());
-        'bind: for (b, (cache, _)) in steps.iter_mut().enumerate() {
-            for (j, (_, t)) in cache.tensors.iter_mut().enumerate() {
-                let (k, v) = batch_cache_names(j / 2, b);
-                let name = if j % 2 == 0 { k } else { v };
-                let t = std::mem::replace(t, Tensor::f32(&[0], Vec::new()));
-                if let Err(e) = model.set_param_tensor(&name, t) {
-                    bound = Err(e);
-                    break 'bind;
-                }
-            }
-        }
-        let out = match bound {
-            Ok(()) => {
-                let mut inputs = vec![
-                    ("ids", TensorRef::I64(&ids)),
-                    ("pos", TensorRef::I64(&pos)),
-                    ("kv_mask", TensorRef::F32(&mask)),
-                ];
-                if let Some(m) = &mask_swa {
-                    inputs.push((swa_name.as_str(), TensorRef::F32(m)));
-                }
-                model.run(&inputs)
-            }
-            Err(e) => Err(e),
-        };
-        // ...and back, whether the run worked or not.
-        let mut lost = None;
-        for (b, (cache, _)) in steps.iter_mut().enumerate() {
-            for (j, (_, t)) in cache.tensors.iter_mut().enumerate() {
-                let (k, v) = batch_cache_names(j / 2, b);
-                let name = if j % 2 == 0 { k } else { v };
-                match model.take_param(&name) {
-                    Some(back) => *t = back,
-                    None => lost = lost.or(Some(name)),
-                }
-            }
-        }
-        let out = out?;
-        if let Some(name) = lost {
-            return Err(LlamaError::MissingTensor {
-                name,
-                expected: "a KV cache bound for the batched decode step".into(),
-            });
-        }
         let logits = self.batch_logits(out, n)?;
         for (c, _) in steps.iter_mut() {
             c.pos += 1;
@@ -807,7 +951,7 @@ impl LlamaModel {
         let missing = |e: &Engine, n: usize| match e {
             Engine::Cpu { batch, .. } => batch.get(n).is_none_or(Option::is_none),
             #[cfg(feature = "cuda")]
-            Engine::Cuda { .. } => true,
+            Engine::Cuda { batch, .. } => batch.get(n).is_none_or(Option::is_none),
         };
         for n in 1..=max_batch {
             if !missing(&self.engine, n) {
@@ -817,16 +961,32 @@ impl LlamaModel {
             // values (packed weights included) are shared.
             self.move_caches(true)?;
             let g = build_graph(&self.weights, Phase::DecodeBatch { batch: n }, self.ctx_len)?;
-            let (decode, batch) = match &mut self.engine {
-                Engine::Cpu { decode, batch, .. } => (decode, batch),
+            match &mut self.engine {
+                Engine::Cpu { decode, batch, .. } => {
+                    let m = decode.compile_sharing(g)?;
+                    if batch.len() <= n {
+                        batch.resize_with(n + 1, || None);
+                    }
+                    batch[n] = Some(m);
+                }
                 #[cfg(feature = "cuda")]
-                Engine::Cuda { .. } => return Err(batch_on_cuda()),
-            };
-            let m = decode.compile_sharing(g)?;
-            if batch.len() <= n {
-                batch.resize_with(n + 1, || None);
+                Engine::Cuda {
+                    opts,
+                    decode,
+                    batch,
+                    ..
+                } => {
+                    // The weights are the decode model's device buffers;
+                    // the caches are bound per step.
+                    let names = weight_names(&g);
+                    let mut m = rlx_cuda::CudaModel::compile(g, opts)?;
+                    m.share_params(decode, &names)?;
+                    if batch.len() <= n {
+                        batch.resize_with(n + 1, || None);
+                    }
+                    batch[n] = Some(m);
+                }
             }
-            batch[n] = Some(m);
         }
         Ok(())
     }
@@ -843,25 +1003,77 @@ impl LlamaModel {
                 ),
             });
         }
-        if cache.tensors.len() != want {
-            return Err(LlamaError::ForeignCache {
-                detail: format!(
-                    "{} tensors, expected {want} (k and v of {} layers)",
-                    cache.tensors.len(),
-                    self.config.n_layers
-                ),
-            });
-        }
-        for (i, (name, t)) in cache.tensors.iter().enumerate() {
-            let ok = t.shape.dims[..] == [1, self.ctx_len, kv]
-                && matches!(&*t.data, TensorData::F32(d) if d.len() == self.ctx_len * kv);
-            if !ok {
+        let shape_ok = |dims: &[usize]| dims == [1, self.ctx_len, kv];
+        match (&self.engine, &cache.store) {
+            (Engine::Cpu { .. }, CacheStore::Host(tensors)) => {
+                if tensors.len() != want {
+                    return Err(LlamaError::ForeignCache {
+                        detail: format!(
+                            "{} tensors, expected {want} (k and v of {} layers)",
+                            tensors.len(),
+                            self.config.n_layers
+                        ),
+                    });
+                }
+                for (i, (name, t)) in tensors.iter().enumerate() {
+                    let ok = shape_ok(&t.shape.dims)
+                        && matches!(&*t.data, TensorData::F32(d) if d.len() == self.ctx_len * kv);
+                    if !ok {
+                        return Err(LlamaError::ForeignCache {
+                            detail: format!(
+                                "tensor {i} '{name}' is {}, expected f32 [1, {}, {kv}]",
+                                t.shape, self.ctx_len
+                            ),
+                        });
+                    }
+                }
+            }
+            #[cfg(feature = "cuda")]
+            (Engine::Cuda { .. }, CacheStore::Device { bufs, error }) => {
+                if let Some(e) = error {
+                    return Err(LlamaError::ForeignCache {
+                        detail: format!("its device allocation failed: {e}"),
+                    });
+                }
+                if bufs.len() != want {
+                    return Err(LlamaError::ForeignCache {
+                        detail: format!(
+                            "{} buffers, expected {want} (k and v of {} layers)",
+                            bufs.len(),
+                            self.config.n_layers
+                        ),
+                    });
+                }
+                for (i, (name, p)) in bufs.iter().enumerate() {
+                    let Some(p) = p else {
+                        return Err(LlamaError::ForeignCache {
+                            detail: format!(
+                                "buffer {i} '{name}' was lost (a failed step could not take it back)"
+                            ),
+                        });
+                    };
+                    if !shape_ok(&p.shape().dims) || p.shape().dtype != rlx_ir::DType::F32 {
+                        return Err(LlamaError::ForeignCache {
+                            detail: format!(
+                                "buffer {i} '{name}' is {}, expected f32 [1, {}, {kv}]",
+                                p.shape(),
+                                self.ctx_len
+                            ),
+                        });
+                    }
+                }
+            }
+            #[cfg(feature = "cuda")]
+            (Engine::Cpu { .. }, CacheStore::Device { .. }) => {
                 return Err(LlamaError::ForeignCache {
-                    detail: format!(
-                        "tensor {i} '{name}' is {}, expected f32 [1, {}, {kv}]",
-                        t.shape, self.ctx_len
-                    ),
-                });
+                    detail: "holds CUDA device buffers; this model runs on the CPU".into(),
+                })
+            }
+            #[cfg(feature = "cuda")]
+            (Engine::Cuda { .. }, CacheStore::Host(_)) => {
+                return Err(LlamaError::ForeignCache {
+                    detail: "holds host tensors; this model runs on CUDA".into(),
+                })
             }
         }
         let p = cache.pos;
@@ -981,13 +1193,29 @@ impl LlamaModel {
 
 /// One sequence's KV cache (every layer's `cache.k.{l}` / `cache.v.{l}`)
 /// and its position, held outside a [`LlamaModel`]: see
-/// [`LlamaModel::new_cache`] and [`LlamaModel::swap_cache`].
+/// [`LlamaModel::new_cache`] and [`LlamaModel::swap_cache`]. Host tensors
+/// for a model on the CPU, device buffers for one on CUDA.
 #[derive(Debug)]
 pub struct KvCache {
-    tensors: Vec<(String, Tensor)>,
+    store: CacheStore,
     pos: usize,
     /// Id of the model that made it (or last held it).
     model: u64,
+}
+
+/// Where a [`KvCache`]'s tensors live.
+#[derive(Debug)]
+enum CacheStore {
+    /// Host tensors (the CPU backend), by param name.
+    Host(Vec<(String, Tensor)>),
+    /// Device buffers (CUDA), by param name; `None` while bound to a
+    /// batched step's model (or lost, if a failed step could not take it
+    /// back). `error`: the allocation of a [`LlamaModel::new_cache`] failed.
+    #[cfg(feature = "cuda")]
+    Device {
+        bufs: Vec<(String, Option<rlx_cuda::DeviceParam>)>,
+        error: Option<String>,
+    },
 }
 
 impl KvCache {
@@ -995,14 +1223,130 @@ impl KvCache {
     pub fn position(&self) -> usize {
         self.pos
     }
+
+    /// Whether the cache lives in CUDA device memory.
+    pub fn on_device(&self) -> bool {
+        match &self.store {
+            CacheStore::Host(_) => false,
+            #[cfg(feature = "cuda")]
+            CacheStore::Device { .. } => true,
+        }
+    }
 }
 
-/// The error of a batched decode step on CUDA.
+/// The CPU batched step: move each cache's tensors into row `b`'s params,
+/// run, and move them back (whether the run worked or not).
+fn run_batch_cpu(
+    model: &mut CpuModel,
+    steps: &mut [(&mut KvCache, u32)],
+    inputs: &[(&str, TensorRef<'_>)],
+) -> Result<Vec<Tensor>, LlamaError> {
+    fn host(c: &mut KvCache) -> &mut Vec<(String, Tensor)> {
+        match &mut c.store {
+            CacheStore::Host(t) => t,
+            #[cfg(feature = "cuda")]
+            CacheStore::Device { .. } => unreachable!("checked by check_step"),
+        }
+    }
+    // Move each cache's tensors into its sequence's params...
+    let mut bound = Ok(());
+    'bind: for (b, (cache, _)) in steps.iter_mut().enumerate() {
+        for (j, (_, t)) in host(cache).iter_mut().enumerate() {
+            let (k, v) = batch_cache_names(j / 2, b);
+            let name = if j % 2 == 0 { k } else { v };
+            let t = std::mem::replace(t, Tensor::f32(&[0], Vec::new()));
+            if let Err(e) = model.set_param_tensor(&name, t) {
+                bound = Err(e);
+                break 'bind;
+            }
+        }
+    }
+    let out = match bound {
+        Ok(()) => model.run(inputs),
+        Err(e) => Err(e),
+    };
+    // ...and back, whether the run worked or not.
+    let mut lost = None;
+    for (b, (cache, _)) in steps.iter_mut().enumerate() {
+        for (j, (_, t)) in host(cache).iter_mut().enumerate() {
+            let (k, v) = batch_cache_names(j / 2, b);
+            let name = if j % 2 == 0 { k } else { v };
+            match model.take_param(&name) {
+                Some(back) => *t = back,
+                None => lost = lost.or(Some(name)),
+            }
+        }
+    }
+    let out = out?;
+    if let Some(name) = lost {
+        return Err(LlamaError::MissingTensor {
+            name,
+            expected: "a KV cache bound for the batched decode step".into(),
+        });
+    }
+    Ok(out)
+}
+
+/// The CUDA batched step: move each cache's device buffers into row `b`'s
+/// params (the same buffers as the last step keep the captured graph),
+/// run, and move them back (whether the run worked or not).
 #[cfg(feature = "cuda")]
-fn batch_on_cuda() -> LlamaError {
-    LlamaError::Runtime(rlx_runtime::RuntimeError::Unsupported(
-        "decode_batch on CUDA (the batched decode graph runs on the CPU only)".into(),
-    ))
+fn run_batch_cuda(
+    model: &mut rlx_cuda::CudaModel,
+    steps: &mut [(&mut KvCache, u32)],
+    inputs: &[(&str, TensorRef<'_>)],
+) -> Result<Vec<Tensor>, LlamaError> {
+    type Bufs = Vec<(String, Option<rlx_cuda::DeviceParam>)>;
+    fn dev(c: &mut KvCache) -> &mut Bufs {
+        match &mut c.store {
+            CacheStore::Device { bufs, .. } => bufs,
+            CacheStore::Host(_) => unreachable!("checked by check_step"),
+        }
+    }
+    let mut bound = Ok(());
+    'bind: for (b, (cache, _)) in steps.iter_mut().enumerate() {
+        for (j, (_, slot)) in dev(cache).iter_mut().enumerate() {
+            let (k, v) = batch_cache_names(j / 2, b);
+            let name = if j % 2 == 0 { k } else { v };
+            let Some(p) = slot.take() else {
+                continue;
+            };
+            // Checked first, so a refused buffer stays in its cache.
+            if let Err(e) = model.check_param_buffer(&name, &p) {
+                *slot = Some(p);
+                bound = Err(e);
+                break 'bind;
+            }
+            if let Err(e) = model.set_param_buffer(&name, p) {
+                bound = Err(e);
+                break 'bind;
+            }
+        }
+    }
+    let out = match bound {
+        Ok(()) => model.run(inputs),
+        Err(e) => Err(e),
+    };
+    let mut lost = None;
+    for (b, (cache, _)) in steps.iter_mut().enumerate() {
+        for (j, (_, slot)) in dev(cache).iter_mut().enumerate() {
+            let (k, v) = batch_cache_names(j / 2, b);
+            let name = if j % 2 == 0 { k } else { v };
+            match model.take_param_buffer(&name) {
+                Ok(Some(p)) => *slot = Some(p),
+                _ if slot.is_some() => {}
+                _ => lost = lost.or(Some(name)),
+            }
+        }
+    }
+    let out = out?;
+    if let Some(name) = lost {
+        return Err(LlamaError::MissingTensor {
+            name,
+            expected: "a KV cache bound for the batched decode step".into(),
+        });
+    }
+    Ok(out)
 }
 
 /// Bind every weight (shared, not copied) into a compiled model.
