@@ -26,7 +26,11 @@ pub struct ServeArgs {
     /// Port (0: any free port, printed on stderr).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Where to run (only `cpu` is served today).
+    /// Where the language model (--llm) runs: `cpu`, or `cuda` (GPU 0, a
+    /// build with `--features cuda`; hybrid mode, the KV caches in device
+    /// memory, each batched decode step one CUDA graph per batch size).
+    /// The embedding and reranker models run on the CPU either way (CUDA
+    /// embedding is not wired into the server).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
     /// Worker threads per model (default: one per core).
@@ -81,9 +85,29 @@ fn resolve(
 
 /// Run `rlx serve` until SIGTERM or Ctrl-C.
 pub fn run(a: ServeArgs) -> Result<(), String> {
-    if a.device == DeviceArg::Cuda {
-        return Err("--device cuda: rlx serve runs on the CPU only today".into());
-    }
+    let llm_device = match a.device {
+        DeviceArg::Cpu => rlx_server::LlmDevice::Cpu,
+        #[cfg(not(feature = "cuda"))]
+        DeviceArg::Cuda => {
+            return Err(
+                "--device cuda: the CUDA backend is not part of this build (build rlx with --features cuda)"
+                    .into(),
+            )
+        }
+        #[cfg(feature = "cuda")]
+        DeviceArg::Cuda => {
+            if a.llm.is_none() {
+                return Err(
+                    "--device cuda: only the language model (--llm) runs on CUDA; embedding and reranker models run on the CPU (leave --device out)"
+                        .into(),
+                );
+            }
+            if a.embed_model.is_some() || a.rerank_model.is_some() {
+                eprintln!("rlx serve: --device cuda runs --llm on the GPU; the embedding / reranker models run on the CPU");
+            }
+            rlx_server::LlmDevice::Cuda(0)
+        }
+    };
     let threads = crate::check_threads(a.threads)?;
     if !(0.0..=10_000.0).contains(&a.batch_wait_ms) {
         return Err(format!(
@@ -110,6 +134,7 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         queue: a.queue,
         timeout: Duration::from_secs(a.timeout),
         ctx: a.ctx,
+        llm_device,
         handle_signals: true,
         ..Default::default()
     };

@@ -1,4 +1,6 @@
-//! Generation on the CPU with continuous batching: one worker thread owns
+//! Generation with continuous batching (on the CPU, or on CUDA with
+//! [`crate::LlmDevice::Cuda`], where the caches are device buffers and each
+//! batched step replays one CUDA graph per batch size): one worker thread owns
 //! the [`LlamaModel`] and serves up to `slots` sequences at once, each with
 //! its own [`KvCache`] and position, kept outside the model.
 //!
@@ -584,6 +586,15 @@ mod tests {
                 None => panic!("the worker dropped a request"),
             }
         }
+    }
+
+    /// Without the `cuda` feature, a CUDA language model is refused with a
+    /// message that says why.
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_needs_the_feature() {
+        let err = crate::llama_device(crate::LlmDevice::Cuda(0), None).unwrap_err();
+        assert!(err.contains("not part of this build"), "{err}");
     }
 
     /// The value of the Prometheus line starting with `name`.

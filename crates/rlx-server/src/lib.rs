@@ -80,6 +80,9 @@ pub struct ServerConfig {
     pub timeout: Duration,
     /// Context length of the language model (KV cache positions).
     pub ctx: usize,
+    /// Where the language model runs. The embedding and reranker models
+    /// run on the CPU in any case.
+    pub llm_device: LlmDevice,
     /// Largest request body in bytes (413 beyond).
     pub max_body_bytes: usize,
     /// Most inputs in one embeddings request (400 beyond).
@@ -104,10 +107,49 @@ impl Default for ServerConfig {
             queue: 64,
             timeout: Duration::from_secs(120),
             ctx: 2048,
+            llm_device: LlmDevice::Cpu,
             max_body_bytes: 2 << 20,
             max_items: 2048,
             handle_signals: false,
         }
+    }
+}
+
+/// Where [`ServerConfig::llm`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LlmDevice {
+    /// The CPU backend in hybrid mode with [`ServerConfig::threads`].
+    #[default]
+    Cpu,
+    /// CUDA device `n` in hybrid mode: each batched decode step of `N`
+    /// sequences replays one CUDA graph (one per `N`), the KV caches stay
+    /// in device memory. Needs the `cuda` feature; without it loading the
+    /// model fails with a message saying so.
+    Cuda(usize),
+}
+
+/// The backend `d` asks for.
+fn llama_device(d: LlmDevice, threads: Option<usize>) -> Result<LlamaDevice, String> {
+    match d {
+        LlmDevice::Cpu => Ok(LlamaDevice::Cpu(CpuOptions {
+            hybrid: true,
+            threads,
+            ..Default::default()
+        })),
+        #[cfg(feature = "cuda")]
+        LlmDevice::Cuda(device) => {
+            rlx::cuda::cuda_available().map_err(|e| format!("--device cuda: {e}"))?;
+            Ok(LlamaDevice::Cuda(rlx::cuda::CudaOptions {
+                device,
+                hybrid: true,
+                ..Default::default()
+            }))
+        }
+        #[cfg(not(feature = "cuda"))]
+        LlmDevice::Cuda(_) => Err(
+            "--device cuda: the CUDA backend is not part of this build (build with --features cuda)"
+                .into(),
+        ),
     }
 }
 
@@ -289,11 +331,7 @@ fn load_llm(
     let template = ChatTemplate::from_gguf(&f, &tok).map_err(ctx_err)?;
     let w = LlamaWeights::load(&f, &config).map_err(|e| ctx_err(e.to_string()))?;
     drop(f);
-    let device = LlamaDevice::Cpu(CpuOptions {
-        hybrid: true,
-        threads: cfg.threads,
-        ..Default::default()
-    });
+    let device = llama_device(cfg.llm_device, cfg.threads)?;
     let mut model =
         LlamaModel::from_weights_on(w, ctx, device).map_err(|e| ctx_err(e.to_string()))?;
     // The batched decode graphs the slots use, compiled now (the worker

@@ -108,9 +108,10 @@ pub fn argmax(logits: &[f32]) -> u32 {
 ///
 /// [`prefill`](Self::prefill) runs a prompt from position 0 (resetting the
 /// cache) and returns the next-token logits; [`decode`](Self::decode) feeds
-/// one more token. On the CPU the caches are params moved (not copied)
-/// between the prefill model (one per prompt length, the last one kept) and
-/// the decode model; on CUDA both models use the same device buffers.
+/// one more token. The caches are params moved (not copied) between the
+/// prefill model (one per prompt length, the last one kept) and the decode
+/// model: host tensors on the CPU, device buffers on CUDA (where every
+/// model shares the decode model's weight buffers).
 pub struct LlamaModel {
     config: LlamaConfig,
     weights: LlamaWeights,
