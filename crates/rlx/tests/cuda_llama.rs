@@ -467,12 +467,14 @@ fn batch_matches_solo(
     worst
 }
 
-/// Every model the batched tests run: a label and a constructor for a
-/// given `CudaOptions`.
-fn batch_models() -> Vec<(String, Box<dyn Fn(CudaOptions) -> LlamaModel>)> {
+/// A constructor of a test model for given `CudaOptions`.
+type MakeModel = Box<dyn Fn(CudaOptions) -> LlamaModel>;
+
+/// Every model the batched tests run: a label and a constructor.
+fn batch_models() -> Vec<(String, MakeModel)> {
     use rlx::ir::QuantScheme;
     use rlx::models::llama::{LlamaConfig, LlamaWeights};
-    let mut v: Vec<(String, Box<dyn Fn(CudaOptions) -> LlamaModel>)> = Vec::new();
+    let mut v: Vec<(String, MakeModel)> = Vec::new();
     let kq = gguf_writer::kquant_llama("kquant_batch.gguf");
     v.push((
         "K-quant tiny Llama".into(),
@@ -707,5 +709,40 @@ fn param_buffers_move_between_cuda_models() {
             .set_param_buffer("nope", b.new_param_buffer("cache").unwrap())
             .is_err());
         println!("param buffers, hybrid {hybrid}: moved without a copy, schedule kept on rebind");
+    }
+}
+
+/// Every batched decode graph (1 to `MAX_DECODE_BATCH` sequences, with and
+/// without sliding-window layers) plans on CUDA as one CUDA graph with no
+/// op declined: what `decode_batch` captures in hybrid mode. Needs no GPU
+/// (`rlx_cuda::plan` lowers with dummy addresses).
+#[test]
+fn decode_batch_graphs_plan_as_one_cuda_graph() {
+    use rlx::ir::QuantScheme;
+    use rlx::models::llama::{build_graph, LlamaConfig, LlamaWeights, Phase};
+    let mut cfg = LlamaConfig::smollm2_135m();
+    cfg.n_layers = 2;
+    let smol = LlamaWeights::synthetic(&cfg, QuantScheme::Q4_1, QuantScheme::Q8_0, 3).unwrap();
+    let gemma = {
+        let path = gguf_writer::gemma3_wide("gemma3_wide_plan.gguf", 4);
+        let f = rlx::formats::GgufFile::open(&path).unwrap();
+        let c = LlamaConfig::from_gguf(&f).unwrap();
+        LlamaWeights::load(&f, &c).unwrap()
+    };
+    let opts = CudaOptions {
+        hybrid: true,
+        ..CudaOptions::default()
+    };
+    for (name, w) in [("SmolLM2 dims", &smol), ("wide-head Gemma 3", &gemma)] {
+        for n in [1, 2, 5, MAX_DECODE_BATCH] {
+            let g = build_graph(w, Phase::DecodeBatch { batch: n }, 64).unwrap();
+            let p = rlx::cuda::plan(g, &opts).unwrap();
+            assert!(
+                p.report.declined.is_empty(),
+                "{name} N = {n}: declined {:?}",
+                p.report.declined
+            );
+            assert_eq!(p.report.dispatches, 1, "{name} N = {n}: one CUDA graph");
+        }
     }
 }
