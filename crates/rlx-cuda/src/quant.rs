@@ -73,8 +73,13 @@ pub(crate) fn has_kernels(scheme: QuantScheme) -> bool {
 /// blocks to spread over the SMs.
 const WIDE_N: usize = 8192;
 
-/// Rows up to which a fused GEMV runs (one grid row per matrix row).
-pub(crate) const FUSED_ROWS_MAX: usize = 8;
+/// Rows up to which the GEMV runs, fused or plain (one grid row per matrix
+/// row; the rows re-read the weights from L2): the largest batched decode
+/// step (`MAX_DECODE_BATCH` in rlx-models). The tiled GEMM launches one
+/// block per 64 outputs and 32 rows, 9 blocks for a 576-wide projection on
+/// 132 SMs, each looping over all of K: at 9-16 rows it took most of a
+/// batched decode step.
+pub(crate) const FUSED_ROWS_MAX: usize = 16;
 
 /// What a fused GEMV does around the product (a compiled segment's
 /// `fuse::gemv` fusion): a prologue on the activations and an
@@ -170,7 +175,7 @@ pub(crate) fn dequant_matmul(
         Arg::I(ni),
         Arg::I(ki),
     ];
-    if m == 1 || !extra.plain() {
+    if m <= FUSED_ROWS_MAX || !extra.plain() {
         let (pro, gamma, eps) = match extra.pro {
             Prologue::None => (0, 0, 0.0),
             Prologue::RmsNorm { gamma, eps } => (1, gamma, eps),
@@ -229,8 +234,13 @@ mod tests {
     }
 
     #[test]
-    fn one_row_is_a_gemv_and_more_rows_a_tiled_kernel() {
-        for (rows, want) in [(1, "dq_gemv_q4_1"), (7, "dq_gemm_q4_1")] {
+    fn up_to_sixteen_rows_are_a_gemv_and_more_rows_a_tiled_kernel() {
+        for (rows, want) in [
+            (1, "dq_gemv_q4_1"),
+            (7, "dq_gemv_q4_1"),
+            (16, "dq_gemv_q4_1"),
+            (17, "dq_gemm_q4_1"),
+        ] {
             let mut g = Graph::new("dq");
             let x = g.input("x", Shape::f32(&[1, rows, 64]));
             let w = g.param("w", Shape::new(&[10, 40], DType::U8));
@@ -243,7 +253,7 @@ mod tests {
         }
     }
 
-    /// Each scheme with kernels lowers to its own GEMV (one row; the
+    /// Each scheme with kernels lowers to its own GEMV (up to 16 rows; the
     /// four-outputs-a-warp form for a vocabulary-wide N) and tiled kernel,
     /// and a K that is not whole blocks of the scheme is refused.
     #[test]
@@ -263,7 +273,8 @@ mod tests {
             for (rows, n, want) in [
                 (1, 10, format!("dq_gemv_{tag}")),
                 (1, 9000, format!("dq_gemv_{tag}_r4")),
-                (9, 10, format!("dq_gemm_{tag}")),
+                (9, 10, format!("dq_gemv_{tag}")),
+                (17, 10, format!("dq_gemm_{tag}")),
             ] {
                 let mut g = Graph::new("dq");
                 let x = g.input("x", Shape::f32(&[rows, k]));

@@ -273,10 +273,10 @@ mod tests {
         g.set_outputs(vec![y, a]);
         // The product itself is an output: it must be materialized.
         assert!(find_gemv(&g, |_| Store::default()).is_empty());
-        // A residual into a GEMV of 9 rows is beyond the fused kernel.
+        // A residual into a GEMV of 17 rows is beyond the fused kernel.
         let mut g = Graph::new("rows");
-        let x = g.input("x", Shape::f32(&[9, 64]));
-        let r = g.input("r", Shape::f32(&[9, 32]));
+        let x = g.input("x", Shape::f32(&[17, 64]));
+        let r = g.input("r", Shape::f32(&[17, 32]));
         let a = dq(&mut g, x, 32, 64, "w");
         let y = g.push(Op::Binary(BinaryOp::Add), vec![a, r]).unwrap();
         g.set_outputs(vec![y]);
