@@ -790,6 +790,13 @@ impl CudaModel {
             .unwrap_or_else(|| self.core.graph.node(o).shape.size_bytes())
     }
 
+    /// The shape of param `name`, or `UnknownParam`.
+    fn param_shape(&self, name: &str) -> Result<&Shape, RuntimeError> {
+        self.param_shapes
+            .get(name)
+            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })
+    }
+
     /// Make the params `names` of this model use `from`'s device memory:
     /// weights are then uploaded once for both models, and a cache that one
     /// model's `CacheWrite` updates is what the other reads (e.g. a prefill
@@ -879,10 +886,7 @@ impl CudaModel {
     /// graph), and `p` has its shape and device storage and lives on this
     /// model's device. The error names the param.
     pub fn check_param_buffer(&self, name: &str, p: &DeviceParam) -> Result<(), RuntimeError> {
-        let shape = self
-            .param_shapes
-            .get(name)
-            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?;
+        let shape = self.param_shape(name)?;
         if !self.core.param_ids.contains_key(name)
             || self
                 .prep
@@ -940,11 +944,7 @@ impl CudaModel {
     /// first. `Ok(None)` when `name` has no value; `UnknownParam` when it
     /// is not a param. The buffer keeps what `CacheWrite`s wrote into it.
     pub fn take_param_buffer(&mut self, name: &str) -> Result<Option<DeviceParam>, RuntimeError> {
-        let shape = self
-            .param_shapes
-            .get(name)
-            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?
-            .clone();
+        let shape = self.param_shape(name)?.clone();
         let store = self.core.param_store(name);
         let buf = match (self.params.get(name), self.dev_params.get(name)) {
             (None, None) => return Ok(None),
@@ -975,11 +975,7 @@ impl CudaModel {
     /// model's device, for [`set_param_buffer`](Self::set_param_buffer)
     /// (e.g. a fresh KV cache). `UnknownParam` when `name` is not a param.
     pub fn new_param_buffer(&self, name: &str) -> Result<DeviceParam, RuntimeError> {
-        let shape = self
-            .param_shapes
-            .get(name)
-            .ok_or_else(|| RuntimeError::UnknownParam { name: name.into() })?
-            .clone();
+        let shape = self.param_shape(name)?.clone();
         let store = self.core.param_store(name);
         let bytes = if shape.dtype == rlx_ir::DType::F32 {
             shape.numel() * store.dt.size()

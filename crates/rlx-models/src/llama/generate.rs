@@ -1235,6 +1235,17 @@ impl KvCache {
     }
 }
 
+/// The batched decode graph's param for tensor `j` of a cache (`k` then
+/// `v` of each layer, [`KvCache`]'s order) of sequence `b`.
+fn batch_cache_param(j: usize, b: usize) -> String {
+    let (k, v) = batch_cache_names(j / 2, b);
+    if j.is_multiple_of(2) {
+        k
+    } else {
+        v
+    }
+}
+
 /// The CPU batched step: move each cache's tensors into row `b`'s params,
 /// run, and move them back (whether the run worked or not).
 fn run_batch_cpu(
@@ -1253,8 +1264,7 @@ fn run_batch_cpu(
     let mut bound = Ok(());
     'bind: for (b, (cache, _)) in steps.iter_mut().enumerate() {
         for (j, (_, t)) in host(cache).iter_mut().enumerate() {
-            let (k, v) = batch_cache_names(j / 2, b);
-            let name = if j % 2 == 0 { k } else { v };
+            let name = batch_cache_param(j, b);
             let t = std::mem::replace(t, Tensor::f32(&[0], Vec::new()));
             if let Err(e) = model.set_param_tensor(&name, t) {
                 bound = Err(e);
@@ -1270,8 +1280,7 @@ fn run_batch_cpu(
     let mut lost = None;
     for (b, (cache, _)) in steps.iter_mut().enumerate() {
         for (j, (_, t)) in host(cache).iter_mut().enumerate() {
-            let (k, v) = batch_cache_names(j / 2, b);
-            let name = if j % 2 == 0 { k } else { v };
+            let name = batch_cache_param(j, b);
             match model.take_param(&name) {
                 Some(back) => *t = back,
                 None => lost = lost.or(Some(name)),
@@ -1307,8 +1316,7 @@ fn run_batch_cuda(
     let mut bound = Ok(());
     'bind: for (b, (cache, _)) in steps.iter_mut().enumerate() {
         for (j, (_, slot)) in dev(cache).iter_mut().enumerate() {
-            let (k, v) = batch_cache_names(j / 2, b);
-            let name = if j % 2 == 0 { k } else { v };
+            let name = batch_cache_param(j, b);
             let Some(p) = slot.take() else {
                 continue;
             };
@@ -1331,8 +1339,7 @@ fn run_batch_cuda(
     let mut lost = None;
     for (b, (cache, _)) in steps.iter_mut().enumerate() {
         for (j, (_, slot)) in dev(cache).iter_mut().enumerate() {
-            let (k, v) = batch_cache_names(j / 2, b);
-            let name = if j % 2 == 0 { k } else { v };
+            let name = batch_cache_param(j, b);
             match model.take_param_buffer(&name) {
                 Ok(Some(p)) => *slot = Some(p),
                 _ if slot.is_some() => {}
