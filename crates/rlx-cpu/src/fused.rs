@@ -47,6 +47,20 @@ const SPLIT_MIN_ROWS: usize = 512;
 /// inside each chunk (rayon nests), so threads share weight panels instead.
 const MIN_CHUNK_ROWS: usize = 256;
 
+/// `RLX_CPU_CHUNK_ROWS=N`: rows per chunk (at most [`MAX_CHUNK_ROWS`]) of
+/// every segment with weights that splits into chunks, instead of the
+/// count chosen from the shape and the thread count: for A/B runs of the
+/// chunking. The plan's cost check still applies to it.
+fn chunk_rows_override() -> Option<usize> {
+    static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        std::env::var("RLX_CPU_CHUNK_ROWS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|&r: &usize| r > 0)
+    })
+}
+
 /// Fewest elements of the widest row per chunk of a segment without
 /// matmuls (see `FusedCompiler`'s chunking).
 const MIN_CHUNK_ELEMS: usize = 16 * 1024;
@@ -763,6 +777,10 @@ impl FusedPlan {
             rows.max(1)
         } else {
             rows.div_ceil(threads).clamp(MIN_CHUNK_ROWS, MAX_CHUNK_ROWS)
+        };
+        let default_rows = match chunk_rows_override() {
+            Some(r) if has_weights && rows >= SPLIT_MIN_ROWS => r.min(MAX_CHUNK_ROWS),
+            _ => default_rows,
         };
         let written: usize = ops.iter().map(|(_, op)| slots[op.out()]).sum();
         let escaping: usize = outputs.iter().map(|v| v.width).sum();
