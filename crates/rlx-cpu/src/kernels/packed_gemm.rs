@@ -831,10 +831,10 @@ fn run_window(
     let granule = if b.is_bf16() && isa == Isa::Avx512 && k.is_multiple_of(32) && amx::usable() {
         32
     } else {
-        MR
+        f32_granule(isa, b)
     };
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-    let granule = MR;
+    let granule = f32_granule(isa, b);
     let part = Partition::new(m, n.div_ceil(NR), threads, granule);
     let cptr = SharedC(win.c.as_mut_ptr());
     let job = Job {
@@ -869,6 +869,19 @@ fn run_window(
     } else {
         (0..tasks).for_each(run);
     }
+}
+
+/// Rows a task's row block is a multiple of, outside AMX: the tallest
+/// micro-tile, so that only a product's last block has a short tile (on
+/// 6-row boundaries, most 12-row AVX-512 blocks ended in a 6-row tile at
+/// half the FMA rate).
+fn f32_granule(isa: Isa, b: &PackedB) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && !b.is_bf16() {
+        return avx512::mr();
+    }
+    let _ = (isa, b);
+    MR
 }
 
 /// bf16 products: `f` gets A rounded once per call (a zero pad element for
