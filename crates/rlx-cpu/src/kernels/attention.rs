@@ -923,11 +923,11 @@ fn attention_packed(
     let tasks = p.batch * p.num_heads;
     let ptr = SharedOut(out.as_mut_ptr());
     let run = |t: usize| {
-        // SAFETY: `out` was validated for `p` by the caller, and task t is
-        // the only one writing (batch t / H, head t % H).
         // With rayon's splitting a thread takes consecutive tasks, so task
         // t + 1 is what this thread most likely runs next.
         let next = (t + 1 < tasks).then(|| ((t + 1) / p.num_heads, (t + 1) % p.num_heads));
+        // SAFETY: `out` was validated for `p` by the caller, and task t is
+        // the only one writing (batch t / H, head t % H).
         unsafe {
             attend_head_packed(
                 p,

@@ -2147,8 +2147,11 @@ mod avx512 {
     }
 
     /// Four k steps of [`pair12`], then the pointer bumps: five adds per
-    /// four steps. Scalar adds issue on the ports the FMAs use too, and at
-    /// five adds per step the kernel ran at 83% of the FMA peak from L1.
+    /// four steps instead of per step (scalar adds may issue on the FMA
+    /// ports). From L1 on the dev Xeon it moved the kernel from 176 to 178
+    /// GFLOP/s of a 211 register-loop peak, about the noise; the loads
+    /// alone cap it: 24 FMAs beside the 2 panel loads and 12 broadcasts at
+    /// fixed addresses ran at 89% of that peak, without the loads at 100%.
     macro_rules! pair12_step4 {
         () => {
             concat!(
