@@ -958,6 +958,82 @@ fn decode_attention_chunks_combine_exactly_on_any_thread_count() {
     }
 }
 
+/// Prefill-sized attention with fewer (batch, head) pairs than threads:
+/// each head's query rows split into parts of whole 64-row blocks, one
+/// task each. Causal and sliding-window masks, and keep-masks with one
+/// masked key and with none, give the definition's values on one thread
+/// and the same bits on 2, 5 and 16 threads.
+#[test]
+fn packed_attention_split_into_query_parts_keeps_the_bits() {
+    use rlx_cpu::kernels::attention::{attention, AttentionParams, AttnMask};
+    let mut rng = Rng::new(33);
+    let (b, s, hq, hkv, d) = (1, 200, 2, 1, 32);
+    let q = rng.vec(b * s * hq * d, 1.0);
+    let k = rng.vec(b * s * hkv * d, 1.0);
+    let v = rng.vec(b * s * hkv * d, 1.0);
+    let gap: Vec<f32> = (0..s).map(|j| (j != 150) as u8 as f32).collect();
+    let ones = vec![1f32; s];
+    let cases = [
+        (MaskKind::Causal, None),
+        (MaskKind::SlidingWindow(70), None),
+        (MaskKind::Custom, Some(&gap)),
+        (MaskKind::Custom, Some(&ones)),
+    ];
+    for (kind, keep) in cases {
+        {
+            let c = AttnCase {
+                b,
+                sq: s,
+                sk: s,
+                hq,
+                hkv,
+                d,
+                kind,
+                scale: None,
+                softcap: None,
+            };
+            let p = AttentionParams {
+                batch: b,
+                seq_q: s,
+                seq_k: s,
+                num_heads: hq,
+                num_kv_heads: hkv,
+                head_dim: d,
+                scale: 1.0 / (d as f32).sqrt(),
+                softcap: None,
+                mask_kind: kind,
+                q_row_stride: hq * d,
+                k_row_stride: hkv * d,
+                v_row_stride: hkv * d,
+                out_row_stride: hq * d,
+                bf16: false,
+            };
+            let run = |threads: usize, parallel: bool| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut out = vec![f32::NAN; b * s * hq * d];
+                let mask = keep.map_or(AttnMask::None, |m| AttnMask::KeepF32(m));
+                pool.install(|| attention(&p, &q, &k, &v, mask, &mut out, parallel))
+                    .unwrap();
+                out
+            };
+            let one = run(1, false);
+            let want = naive_attention(&c, &q, &k, &v, keep.map(|m| &m[..]), None);
+            assert_close(&one, &want, 1e-5);
+            for threads in [2, 5, 16] {
+                let got = run(threads, true);
+                assert_eq!(
+                    got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    one.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "{kind:?}, {threads} threads"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn attention_reads_packed_qkv() {
     use rlx_cpu::kernels::attention::{attention, AttentionParams, AttnMask};

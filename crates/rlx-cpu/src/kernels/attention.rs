@@ -678,13 +678,16 @@ fn copy_floats(dst: &mut [f32], src: &[f32]) {
     d.into_remainder().copy_from_slice(s.remainder());
 }
 
-/// One (batch, head): pack this head's `K^T` and `V` once (keys up to the
-/// last visible one), then per block of query rows: scores against the
-/// visible key window, probabilities, times V.
+/// Query rows `rows` (whole [`PACKED_ROWS`] blocks from row 0, but for the
+/// last) of one (batch, head): pack this head's `K^T` and `V` once (keys up
+/// to the last one these rows see), then per block of query rows: scores
+/// against the visible key window, probabilities, times V. Every block
+/// computes what it would in a call over all the rows: the split changes
+/// no bits.
 ///
 /// # Safety
 /// `out` points at an output buffer validated for `p`, and no other task
-/// writes head `h` of batch `b`.
+/// writes rows `rows` of head `h` of batch `b`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn attend_head_packed(
     p: &AttentionParams,
@@ -694,11 +697,16 @@ unsafe fn attend_head_packed(
     mask: &AttnMask<'_>,
     b: usize,
     h: usize,
-    next: Option<(usize, usize)>,
+    rows: (usize, usize),
+    next: Option<(usize, usize, (usize, usize))>,
     out: SharedOut,
 ) -> Result<(), KernelError> {
     let (d, sq, sk) = (p.head_dim, p.seq_q, p.seq_k);
     let hk = h / (p.num_heads / p.num_kv_heads);
+    let (r_lo, r_hi) = rows;
+    if r_lo >= r_hi {
+        return Ok(());
+    }
     // The head this thread most likely runs next: its rows lie a row
     // stride apart (a page or more), where the hardware prefetchers do not
     // follow, so without this each head's K, V and Q rows come from L3 or
@@ -708,7 +716,9 @@ unsafe fn attend_head_packed(
     // wait on the line fill buffers as long as the misses would have.
     const STAGES: usize = 8;
     let ahead = |stage: usize| {
-        let Some((nb, nh)) = next else { return };
+        let Some((nb, nh, (n_lo, n_hi))) = next else {
+            return;
+        };
         let nk = nh / (p.num_heads / p.num_kv_heads);
         for r in sk * stage / STAGES..sk * (stage + 1) / STAGES {
             prefetch_l2(
@@ -722,7 +732,8 @@ unsafe fn attend_head_packed(
                 d,
             );
         }
-        for r in sq * stage / STAGES..sq * (stage + 1) / STAGES {
+        let n = n_hi.saturating_sub(n_lo);
+        for r in n_lo + n * stage / STAGES..n_lo + n * (stage + 1) / STAGES {
             prefetch_l2(
                 q.as_ptr()
                     .wrapping_add((nb * sq + r) * p.q_row_stride + nh * d),
@@ -743,6 +754,8 @@ unsafe fn attend_head_packed(
         }
     };
     step();
+    // The key window of the whole head decides the mask (whether every key
+    // is kept, and with it the softmax path), as in an unsplit call.
     let klo = key_range(p.mask_kind, 0, sq, sk).0;
     let mut khi = key_range(p.mask_kind, sq - 1, sq, sk).1;
     let last_kept =
@@ -753,17 +766,19 @@ unsafe fn attend_head_packed(
         _ => {}
     }
     let mask = &window_mask(mask, b * sk + klo, b * sk + khi.max(klo));
+    // These rows see no key past the last one their last row sees.
+    let khi = khi.min(key_range(p.mask_kind, r_hi - 1, sq, sk).1);
     with_head_scratch(|s| {
         // Rows with keys to attend to are written in full below; rows with
         // none are zeroed where they are skipped (no clearing up front).
-        s.out.resize(sq * d, 0.0);
+        s.out.resize((r_hi - r_lo) * d, 0.0);
         if klo >= khi {
             s.out.fill(0.0);
         } else {
             // This head's query rows lie a row stride apart (often a page
             // or more): fetch each block's rows ahead of its product.
             let fetch_q = |i0: usize| {
-                for r in i0..(i0 + PACKED_ROWS).min(sq) {
+                for r in i0..(i0 + PACKED_ROWS).min(r_hi) {
                     prefetch(
                         q.as_ptr()
                             .wrapping_add((b * sq + r) * p.q_row_stride + h * d),
@@ -771,7 +786,7 @@ unsafe fn attend_head_packed(
                     );
                 }
             };
-            fetch_q(0);
+            fetch_q(r_lo);
             let ko = b * sk * p.k_row_stride + hk * d;
             let vo = b * sk * p.v_row_stride + hk * d;
             if p.bf16 {
@@ -782,9 +797,9 @@ unsafe fn attend_head_packed(
                 s.v.repack_strided(&v[vo..], khi, d, p.v_row_stride, 1)?;
             }
             step();
-            let mut i0 = 0;
-            while i0 < sq {
-                let rows = PACKED_ROWS.min(sq - i0);
+            let mut i0 = r_lo;
+            while i0 < r_hi {
+                let rows = PACKED_ROWS.min(r_hi - i0);
                 fetch_q(i0 + PACKED_ROWS);
                 let lo = key_range(p.mask_kind, i0, sq, sk).0;
                 let hi = key_range(p.mask_kind, i0 + rows - 1, sq, sk).1.min(khi);
@@ -805,7 +820,7 @@ unsafe fn attend_head_packed(
                         nk,
                     )?;
                     step();
-                    let out = &mut s.out[i0 * d..(i0 + rows) * d];
+                    let out = &mut s.out[(i0 - r_lo) * d..(i0 - r_lo + rows) * d];
                     if p.bf16 {
                         // Probabilities rounded while hot, normalized in the
                         // d-wide output rows instead of the nk-wide ones.
@@ -838,14 +853,14 @@ unsafe fn attend_head_packed(
                         )?;
                     }
                 } else {
-                    s.out[i0 * d..(i0 + rows) * d].fill(0.0);
+                    s.out[(i0 - r_lo) * d..(i0 - r_lo + rows) * d].fill(0.0);
                 }
                 step();
                 i0 += rows;
             }
         }
         (0..STAGES).for_each(|_| step());
-        write_head_rows(p, out, b, 0, h, &s.out);
+        write_head_rows(p, out, b, r_lo, h, &s.out);
         Ok(())
     })
 }
@@ -920,29 +935,38 @@ fn attention_packed(
     out: &mut [f32],
     parallel: bool,
 ) -> Result<(), KernelError> {
-    let tasks = p.batch * p.num_heads;
+    let heads = p.batch * p.num_heads;
+    let threads = if parallel { num_threads() } else { 1 };
+    // Fewer (batch, head) pairs than threads (MiniLM 1x128 has 12 on 16
+    // threads): each head's query rows in parts of whole blocks, one task
+    // each (every part packs the keys it sees).
+    let blocks = p.seq_q.div_ceil(PACKED_ROWS);
+    let parts = if heads < threads {
+        threads.div_ceil(heads).min(blocks)
+    } else {
+        1
+    };
+    let part_rows = blocks.div_ceil(parts) * PACKED_ROWS;
+    let tasks = heads * parts;
+    let task = |t: usize| {
+        let (bh, part) = (t / parts, t % parts);
+        let rows = (
+            (part * part_rows).min(p.seq_q),
+            ((part + 1) * part_rows).min(p.seq_q),
+        );
+        (bh / p.num_heads, bh % p.num_heads, rows)
+    };
     let ptr = SharedOut(out.as_mut_ptr());
     let run = |t: usize| {
+        let (b, h, rows) = task(t);
         // With rayon's splitting a thread takes consecutive tasks, so task
         // t + 1 is what this thread most likely runs next.
-        let next = (t + 1 < tasks).then(|| ((t + 1) / p.num_heads, (t + 1) % p.num_heads));
+        let next = (t + 1 < tasks).then(|| task(t + 1));
         // SAFETY: `out` was validated for `p` by the caller, and task t is
-        // the only one writing (batch t / H, head t % H).
-        unsafe {
-            attend_head_packed(
-                p,
-                q,
-                k,
-                v,
-                mask,
-                t / p.num_heads,
-                t % p.num_heads,
-                next,
-                ptr,
-            )
-        }
+        // the only one writing rows `rows` of (batch b, head h).
+        unsafe { attend_head_packed(p, q, k, v, mask, b, h, rows, next, ptr) }
     };
-    if parallel && tasks > 1 && num_threads() > 1 {
+    if parallel && tasks > 1 && threads > 1 {
         use rayon::prelude::*;
         (0..tasks).into_par_iter().try_for_each(run)
     } else {
