@@ -26,11 +26,12 @@ pub struct ServeArgs {
     /// Port (0: any free port, printed on stderr).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Where the language model (--llm) runs: `cpu`, or `cuda` (GPU 0, a
-    /// build with `--features cuda`; hybrid mode, the KV caches in device
-    /// memory, each batched decode step one CUDA graph per batch size).
-    /// The embedding and reranker models run on the CPU either way (CUDA
-    /// embedding is not wired into the server).
+    /// Where the language model (--llm) and the embedding model
+    /// (--embed-model) run: `cpu`, or `cuda` (GPU 0, a build with
+    /// `--features cuda`; hybrid mode: for the LLM the KV caches in device
+    /// memory and each batched decode step one CUDA graph per batch size,
+    /// for embeddings one model re-targeted to each batch shape). The
+    /// reranker runs on the CPU either way.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
     /// Worker threads per model (default: one per core).
@@ -85,7 +86,7 @@ fn resolve(
 
 /// Run `rlx serve` until SIGTERM or Ctrl-C.
 pub fn run(a: ServeArgs) -> Result<(), String> {
-    let llm_device = match a.device {
+    let device = match a.device {
         DeviceArg::Cpu => rlx_server::LlmDevice::Cpu,
         #[cfg(not(feature = "cuda"))]
         DeviceArg::Cuda => {
@@ -96,14 +97,14 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         }
         #[cfg(feature = "cuda")]
         DeviceArg::Cuda => {
-            if a.llm.is_none() {
+            if a.llm.is_none() && a.embed_model.is_none() {
                 return Err(
-                    "--device cuda: only the language model (--llm) runs on CUDA; embedding and reranker models run on the CPU (leave --device out)"
+                    "--device cuda: the language model (--llm) and the embedding model (--embed-model) run on CUDA; the reranker runs on the CPU (give --llm or --embed-model, or leave --device out)"
                         .into(),
                 );
             }
-            if a.embed_model.is_some() || a.rerank_model.is_some() {
-                eprintln!("rlx serve: --device cuda runs --llm on the GPU; the embedding / reranker models run on the CPU");
+            if a.rerank_model.is_some() {
+                eprintln!("rlx serve: --device cuda runs --llm and --embed-model on the GPU; the reranker runs on the CPU");
             }
             rlx_server::LlmDevice::Cuda(0)
         }
@@ -134,7 +135,8 @@ pub fn run(a: ServeArgs) -> Result<(), String> {
         queue: a.queue,
         timeout: Duration::from_secs(a.timeout),
         ctx: a.ctx,
-        llm_device,
+        llm_device: device,
+        embed_device: device,
         handle_signals: true,
         ..Default::default()
     };

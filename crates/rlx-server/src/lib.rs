@@ -38,7 +38,7 @@ use rlx::models::llama::MAX_DECODE_BATCH;
 use rlx::models::llama::{LlamaConfig, LlamaDevice, LlamaModel, LlamaWeights};
 use rlx::models::sampling::SamplerConfig;
 use rlx::models::tokenizer::BertTokenizer;
-use rlx::models::{CompiledPlan, EmbedOptions, SentenceEmbedder};
+use rlx::models::{CompiledPlan, EmbedDevice, EmbedOptions, SentenceEmbedder};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,9 +80,12 @@ pub struct ServerConfig {
     pub timeout: Duration,
     /// Context length of the language model (KV cache positions).
     pub ctx: usize,
-    /// Where the language model runs. The embedding and reranker models
-    /// run on the CPU in any case.
+    /// Where the language model runs.
     pub llm_device: LlmDevice,
+    /// Where the embedding model runs: the CPU, or a CUDA device (one
+    /// compiled model, re-targeted to each batch shape; the same batching
+    /// and endpoints). The reranker runs on the CPU in any case.
+    pub embed_device: LlmDevice,
     /// Largest request body in bytes (413 beyond).
     pub max_body_bytes: usize,
     /// Most inputs in one embeddings request (400 beyond).
@@ -108,6 +111,7 @@ impl Default for ServerConfig {
             timeout: Duration::from_secs(120),
             ctx: 2048,
             llm_device: LlmDevice::Cpu,
+            embed_device: LlmDevice::Cpu,
             max_body_bytes: 2 << 20,
             max_items: 2048,
             handle_signals: false,
@@ -115,7 +119,8 @@ impl Default for ServerConfig {
     }
 }
 
-/// Where [`ServerConfig::llm`] runs.
+/// Where [`ServerConfig::llm`] (or, as [`ServerConfig::embed_device`], the
+/// embedding model) runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LlmDevice {
     /// The CPU backend in hybrid mode with [`ServerConfig::threads`].
@@ -140,6 +145,27 @@ fn llama_device(d: LlmDevice, threads: Option<usize>) -> Result<LlamaDevice, Str
         LlmDevice::Cuda(device) => {
             rlx::cuda::cuda_available().map_err(|e| format!("--device cuda: {e}"))?;
             Ok(LlamaDevice::Cuda(rlx::cuda::CudaOptions {
+                device,
+                hybrid: true,
+                ..Default::default()
+            }))
+        }
+        #[cfg(not(feature = "cuda"))]
+        LlmDevice::Cuda(_) => Err(
+            "--device cuda: the CUDA backend is not part of this build (build with --features cuda)"
+                .into(),
+        ),
+    }
+}
+
+/// The embedding backend `d` asks for (`mode` hybrid on both).
+fn embed_device(d: LlmDevice) -> Result<EmbedDevice, String> {
+    match d {
+        LlmDevice::Cpu => Ok(EmbedDevice::Cpu),
+        #[cfg(feature = "cuda")]
+        LlmDevice::Cuda(device) => {
+            rlx::cuda::cuda_available().map_err(|e| format!("--device cuda: {e}"))?;
+            Ok(EmbedDevice::Cuda(rlx::cuda::CudaOptions {
                 device,
                 hybrid: true,
                 ..Default::default()
@@ -252,7 +278,8 @@ fn load_embed(
         ..Default::default()
     };
     let seq_bucket = opts.seq_bucket;
-    let mut e = SentenceEmbedder::load_with(dir, opts)
+    let device = embed_device(cfg.embed_device)?;
+    let mut e = SentenceEmbedder::load_on(dir, opts, device)
         .map_err(|e| format!("--embed-model {}: {e}", dir.display()))?;
     // The plan of one short input (the warm-up's shape: padded to the
     // least padded length), compiled here and then reused by the warm-up.

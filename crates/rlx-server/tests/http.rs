@@ -1213,3 +1213,85 @@ fn embeddings_of_text_get_the_models_default_prompt() {
     );
     s.shutdown().unwrap();
 }
+
+/// The embedding model on CUDA (`--device cuda`): the server's vectors for
+/// the sentence-transformers reference sentences, in one request of all of
+/// them and in requests of one and of five (several batch shapes, the one
+/// CUDA model re-targeted between them), equal the CPU library's within
+/// 1e-4 and cos >= 0.99999. Skipped without a GPU (a failure with
+/// `RLX_REQUIRE_CUDA=1`) or without the fetched MiniLM.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_embeddings_match_the_cpu_library() {
+    match rlx::cuda::cuda_available() {
+        Ok(_) => {}
+        Err(why) if std::env::var("RLX_REQUIRE_CUDA").is_ok_and(|v| v == "1") => {
+            panic!("RLX_REQUIRE_CUDA=1 but no CUDA device: {why}")
+        }
+        Err(why) => {
+            println!("skipped: no CUDA device ({why})");
+            return;
+        }
+    }
+    if !minilm().join("model.safetensors").exists() {
+        println!("skipped: MiniLM not fetched (run python3 scripts/fetch_models.py all)");
+        return;
+    }
+    let refs: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../rlx-models/tests/data/minilm_embeddings.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let sentences: Vec<&str> = refs["sentences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    let want = library_embed(&sentences);
+    let s = Server::start(ServerConfig {
+        embed_model: Some(minilm()),
+        embed_device: rlx_server::LlmDevice::Cuda(0),
+        port: 0,
+        ..Default::default()
+    })
+    .unwrap();
+    s.wait_ready(Duration::from_secs(120)).unwrap();
+    let a = s.addr();
+    let check = |lo: usize, hi: usize| {
+        let r = post(
+            a,
+            "/v1/embeddings",
+            &json!({"model": "all-minilm-l6-v2", "input": &sentences[lo..hi]}),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let j = r.json();
+        let data = j["data"].as_array().unwrap();
+        assert_eq!(data.len(), hi - lo);
+        for (i, d) in data.iter().enumerate() {
+            let (got, w) = (floats(&d["embedding"]), &want[lo + i]);
+            assert_eq!(got.len(), w.len());
+            let worst = got
+                .iter()
+                .zip(w)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            let dot: f32 = got.iter().zip(w).map(|(x, y)| x * y).sum();
+            let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            let cos = dot / (norm(&got) * norm(w));
+            assert!(
+                worst < 1e-4 && cos >= 0.99999,
+                "sentence {}: max |diff| {worst}, cos {cos}",
+                lo + i
+            );
+        }
+    };
+    check(0, sentences.len());
+    check(0, 1);
+    check(2, 7.min(sentences.len()));
+    check(sentences.len() - 1, sentences.len());
+    s.shutdown().unwrap();
+}
