@@ -142,20 +142,26 @@ fn llama_device(d: LlmDevice, threads: Option<usize>) -> Result<LlamaDevice, Str
             ..Default::default()
         })),
         #[cfg(feature = "cuda")]
-        LlmDevice::Cuda(device) => {
-            rlx::cuda::cuda_available().map_err(|e| format!("--device cuda: {e}"))?;
-            Ok(LlamaDevice::Cuda(rlx::cuda::CudaOptions {
-                device,
-                hybrid: true,
-                ..Default::default()
-            }))
-        }
+        LlmDevice::Cuda(device) => Ok(LlamaDevice::Cuda(cuda_options(device)?)),
         #[cfg(not(feature = "cuda"))]
-        LlmDevice::Cuda(_) => Err(
-            "--device cuda: the CUDA backend is not part of this build (build with --features cuda)"
-                .into(),
-        ),
+        LlmDevice::Cuda(_) => Err(NO_CUDA.into()),
     }
+}
+
+/// Why `--device cuda` fails in a build without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+const NO_CUDA: &str =
+    "--device cuda: the CUDA backend is not part of this build (build with --features cuda)";
+
+/// Hybrid-mode options on CUDA device `device`, once a device is usable.
+#[cfg(feature = "cuda")]
+fn cuda_options(device: usize) -> Result<rlx::cuda::CudaOptions, String> {
+    rlx::cuda::cuda_available().map_err(|e| format!("--device cuda: {e}"))?;
+    Ok(rlx::cuda::CudaOptions {
+        device,
+        hybrid: true,
+        ..Default::default()
+    })
 }
 
 /// The embedding backend `d` asks for (`mode` hybrid on both).
@@ -163,19 +169,9 @@ fn embed_device(d: LlmDevice) -> Result<EmbedDevice, String> {
     match d {
         LlmDevice::Cpu => Ok(EmbedDevice::Cpu),
         #[cfg(feature = "cuda")]
-        LlmDevice::Cuda(device) => {
-            rlx::cuda::cuda_available().map_err(|e| format!("--device cuda: {e}"))?;
-            Ok(EmbedDevice::Cuda(rlx::cuda::CudaOptions {
-                device,
-                hybrid: true,
-                ..Default::default()
-            }))
-        }
+        LlmDevice::Cuda(device) => Ok(EmbedDevice::Cuda(cuda_options(device)?)),
         #[cfg(not(feature = "cuda"))]
-        LlmDevice::Cuda(_) => Err(
-            "--device cuda: the CUDA backend is not part of this build (build with --features cuda)"
-                .into(),
-        ),
+        LlmDevice::Cuda(_) => Err(NO_CUDA.into()),
     }
 }
 

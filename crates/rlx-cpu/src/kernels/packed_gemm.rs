@@ -48,32 +48,33 @@ const PREFETCH_ROWS: usize = 8;
 /// faults and reads nothing, so any address may be passed.
 #[inline(always)]
 pub(crate) fn prefetch(p: *const f32, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for e in (0..len).step_by(16) {
-        // SAFETY: a prefetch is a hint that never faults, whatever the
-        // address, and the SSE it needs is part of x86-64.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                p.wrapping_add(e).cast(),
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, len);
+    prefetch_hint::<{ HINT_T0 }>(p, len);
 }
 
 /// [`prefetch`] into L2 only (`prefetcht1`): data for work that starts
 /// later, which should not push the running work's lines out of L1.
 #[inline(always)]
 pub(crate) fn prefetch_l2(p: *const f32, len: usize) {
+    prefetch_hint::<{ HINT_T1 }>(p, len);
+}
+
+#[cfg(target_arch = "x86_64")]
+const HINT_T0: i32 = std::arch::x86_64::_MM_HINT_T0;
+#[cfg(target_arch = "x86_64")]
+const HINT_T1: i32 = std::arch::x86_64::_MM_HINT_T1;
+#[cfg(not(target_arch = "x86_64"))]
+const HINT_T0: i32 = 0;
+#[cfg(not(target_arch = "x86_64"))]
+const HINT_T1: i32 = 0;
+
+/// One `_mm_prefetch` with `HINT` per cache line of the `len` floats at `p`.
+#[inline(always)]
+fn prefetch_hint<const HINT: i32>(p: *const f32, len: usize) {
     #[cfg(target_arch = "x86_64")]
     for e in (0..len).step_by(16) {
-        // SAFETY: as in `prefetch`.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                p.wrapping_add(e).cast(),
-            )
-        };
+        // SAFETY: a prefetch is a hint that never faults, whatever the
+        // address, and the SSE it needs is part of x86-64.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.wrapping_add(e).cast()) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (p, len);
