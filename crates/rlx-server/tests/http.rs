@@ -1250,6 +1250,9 @@ fn cuda_embeddings_match_the_cpu_library() {
         .unwrap()
         .iter()
         .map(|s| s.as_str().unwrap())
+        // The reference set holds an empty string, which the API refuses
+        // (as OpenAI's does); the library embeds it, the server never sees it.
+        .filter(|s| !s.is_empty())
         .collect();
     let want = library_embed(&sentences);
     let s = Server::start(ServerConfig {
