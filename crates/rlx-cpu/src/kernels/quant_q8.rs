@@ -110,23 +110,25 @@ pub fn quantize_rows(x: &[f32], m: usize, k: usize, avx2: bool) -> Q8Rows {
         .zip(r.qs.chunks_exact_mut(QK))
         .zip(r.d.iter_mut().zip(r.s.iter_mut()));
     for ((xb, qb), (d, s)) in blocks {
-        #[cfg(target_arch = "x86_64")]
-        let (dv, sum) = if avx2 {
-            // SAFETY: `avx2` is set only when the CPU has AVX2, FMA and F16C
-            // (see `has_avx2`); `xb` and `qb` hold exactly 32 elements.
-            unsafe { x86::quantize_block(xb, qb) }
-        } else {
-            quantize_block_scalar(xb, qb)
-        };
-        #[cfg(not(target_arch = "x86_64"))]
-        let (dv, sum) = {
-            let _ = avx2;
-            quantize_block_scalar(xb, qb)
-        };
+        let (dv, sum) = quantize_block(xb, qb, avx2);
         *d = dv;
         *s = dv * sum as f32;
     }
     r
+}
+
+/// One block of 32 rounded into `q`: returns `(d, Σ q)`, with the AVX2
+/// kernel when `avx2` (the same bits as the scalar one).
+pub(crate) fn quantize_block(x: &[f32], q: &mut [i8], avx2: bool) -> (f32, i32) {
+    assert!(x.len() == QK && q.len() == QK, "a Q8 block holds {QK}");
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        // SAFETY: `avx2` is set only when the CPU has AVX2, FMA and F16C
+        // (see `has_avx2`); both blocks hold 32 elements (asserted).
+        return unsafe { x86::quantize_block(x, q) };
+    }
+    let _ = avx2;
+    quantize_block_scalar(x, q)
 }
 
 /// `x` (a whole number of 32-blocks) replaced by its rounded values `d * q`
