@@ -820,3 +820,30 @@ fn rope_and_concat_are_fused_and_the_rest_say_why_not() {
         );
     }
 }
+
+#[test]
+fn a_large_segment_of_one_op_without_weights_runs_as_its_thunk() {
+    // [128, 1024] rows: a lone Silu between two softmaxes over axis 0
+    // (which the CPU compiler does not take) is declined; the same Silu
+    // followed by an Add stays a segment. Values as the reference either way.
+    let mut g = Graph::new("one_op");
+    let x = g.input("x", Shape::f32(&[128, 1024]));
+    let s = g.push(Op::Softmax { axis: 0 }, vec![x]).unwrap();
+    let a = g.push(Op::Activation(Activation::Silu), vec![s]).unwrap();
+    let s2 = g.push(Op::Softmax { axis: 0 }, vec![a]).unwrap();
+    let b = g.push(Op::Activation(Activation::Silu), vec![s2]).unwrap();
+    let y = g.push(Op::Binary(BinaryOp::Add), vec![b, s2]).unwrap();
+    g.set_outputs(vec![y]);
+    let m = hybrid().compile(g.clone()).unwrap();
+    let r = m.plan_report();
+    let lone = r
+        .ranges
+        .iter()
+        .flat_map(|x| &x.ops)
+        .find(|o| o.node == a)
+        .unwrap_or_else(|| panic!("the lone Silu is not a thunk: {r:#?}"));
+    assert!(lone.reason.contains("one op without weights"), "{r:#?}");
+    assert_eq!(r.compiled_segments, 1, "{r:#?}");
+    assert!(r.segments[0].first.index() > s2.index(), "{r:#?}");
+    check_all(&g, &random_bindings(&g, &mut Rng::new(31), 1.0), 1e-5, 1e-4);
+}
