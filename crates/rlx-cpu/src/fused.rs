@@ -68,7 +68,7 @@ const MIN_CHUNK_ELEMS: usize = 16 * 1024;
 /// Elements of output from which a segment of one op without weights is
 /// declined (its thunk skips the copy out of scratch). Below it both take
 /// microseconds, and tiny segments keep the planner's pieces as they are.
-const ONE_OP_MAX_ELEMS: usize = 64 * 1024;
+const ONE_OP_DECLINE_ELEMS: usize = 64 * 1024;
 
 /// The CPU segment compiler (see the module docs).
 #[derive(Debug, Clone, Default)]
@@ -770,7 +770,7 @@ impl FusedPlan {
         // every op of the segment running on a chunk while it is in cache.
         let has_weights = ops.iter().any(|(_, op)| matches!(op, FOp::MatMul { .. }));
         let widest = ops.iter().map(|(_, op)| slots[op.out()]).max().unwrap_or(1);
-        if !has_weights && ops.len() == 1 && rows * widest >= ONE_OP_MAX_ELEMS {
+        if !has_weights && ops.len() == 1 && rows * widest >= ONE_OP_DECLINE_ELEMS {
             // Nothing to fuse: the segment would run the op's kernel into
             // scratch and copy it out, one more pass than its thunk (a
             // SmolLM2 prefill's SwiGLU, 128 x 1536 on 2 threads of a Xeon:
