@@ -814,6 +814,9 @@ struct Args {
     n: usize,
     /// Columns of this panel that exist (16 but for the last panel).
     valid: usize,
+    /// Few activation rows (a decode step): the kernel is bound by the
+    /// weight stream, and prefetches far ahead.
+    stream: bool,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -841,6 +844,7 @@ impl Args {
             out: out.add(p * PANEL),
             n: w.n,
             valid: (w.n - p * PANEL).min(PANEL),
+            stream: false,
         };
         let m = match acts {
             Acts::Int8(i) => {
@@ -853,6 +857,7 @@ impl Args {
                 *m
             }
         };
+        a.stream = m <= super::team::MAX_ROWS;
         (a, m)
     }
 }
@@ -909,6 +914,16 @@ mod vnni {
     /// flight on one core.
     const PF_RECORDS: usize = 8;
 
+    /// How many records (about 20 KiB) ahead a panel's first pass also
+    /// hints into L2 when few rows make the kernel stream-bound
+    /// ([`Args::stream`]). The L1 hints alone keep only as many lines in
+    /// flight as the core has fill buffers, too few to cover memory
+    /// latency. `panel_decode_speed` (SmolLM2's matmuls, one row, 2
+    /// threads of the dev Xeon, interleaved): `F32` 4.8 -> 3.4 ms, `Int8`
+    /// 3.3 -> 2.65 ms per step (16 and 32 records: 4.3 and 4.2 ms `F32`;
+    /// 128 and 256: 3.5 and 3.9 ms).
+    pub(super) const PF_FAR: usize = 64;
+
     /// Four activation bytes (elements `e..e + 4` of row `row`) in every
     /// 32-bit lane.
     #[inline]
@@ -929,13 +944,10 @@ mod vnni {
         let mut acc = [_mm512_setzero_ps(); C];
         for b in 0..a.nb {
             let rec = a.w.add(b * a.per);
-            // Every line of the record PF_RECORDS ahead (into the next
-            // panel near the end of this one: panels are contiguous). A hint
-            // only: past the end of the panels is harmless.
-            let ahead = rec.wrapping_add(a.per * PF_RECORDS);
-            for l in 0..qb / 64 + 1 {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
-            }
+            // The first tile of a panel reads it from L3 or memory, the
+            // others from L1; many rows (prefill) are bound by the
+            // arithmetic, where the far hints cost a little.
+            prefetch(a, rec, qb / 64 + 1, c0 == 0 && a.stream);
             let mut isum = [_mm512_setzero_si512(); C];
             if KIND == Q8_0 {
                 for j in 0..8 {
@@ -1057,14 +1069,22 @@ mod vnni {
         }
     }
 
-    /// Prefetches every line of the record `PF_RECORDS` after `rec`.
+    /// Prefetches the `lines` lines of the record `PF_RECORDS` after `rec`
+    /// into L1 and, with `far`, those of the record `PF_FAR` after it into
+    /// L2 (panels are contiguous, so both run on into the next panels).
+    /// Only hints: past the end of the panels is harmless.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn prefetch(a: &Args, rec: *const u8, lines: usize) {
-        // A hint only: past the end of the panels is harmless.
+    unsafe fn prefetch(a: &Args, rec: *const u8, lines: usize, far: bool) {
         let ahead = rec.wrapping_add(a.per * PF_RECORDS);
         for l in 0..lines {
             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
+        }
+        if far {
+            let far = rec.wrapping_add(a.per * PF_FAR);
+            for l in 0..lines {
+                _mm_prefetch::<_MM_HINT_T1>(far.wrapping_add(64 * l) as *const i8);
+            }
         }
     }
 
@@ -1093,7 +1113,7 @@ mod vnni {
         for b in 0..a.nb {
             let rec0 = a.w.add(b * a.per);
             for q in 0..P {
-                prefetch(a, rec0.add(q * stride), qb / 64 + 1);
+                prefetch(a, rec0.add(q * stride), qb / 64 + 1, true);
             }
             let x = a.x.add(b * QK);
             let mut bs = [[_mm512_setzero_ps(); 2]; P];
@@ -1167,10 +1187,7 @@ mod vnni {
         for b in 0..a.nb {
             let rec = a.w.add(b * a.per);
             // As in `tile`.
-            let ahead = rec.wrapping_add(a.per * PF_RECORDS);
-            for l in 0..qb / 64 + 1 {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
-            }
+            prefetch(a, rec, qb / 64 + 1, c0 == 0 && a.stream);
             let xat = |c: usize, e: usize| _mm512_set1_ps(*a.x.add(((c0 + c) * a.nb + b) * QK + e));
             let mut bs = [[_mm512_setzero_ps(); 2]; C];
             if KIND == Q8_0 {
@@ -1295,15 +1312,23 @@ mod avx2 {
         _mm256_set1_epi32(a.q.add(row * a.nb * QK + e).cast::<i32>().read_unaligned())
     }
 
-    /// Prefetches the record `PF_RECORDS` after `rec` on the first pass.
+    /// Prefetches the record `PF_RECORDS` after `rec` on the first pass,
+    /// and for few rows also the record `vnni::PF_FAR` after it into L2
+    /// (as the AVX-512 kernels do).
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn prefetch(a: &Args, rec: *const u8, h: usize, lines: usize) {
         if h == 0 {
-            // A hint only: past the end of the panels is harmless.
+            // Hints only: past the end of the panels is harmless.
             let ahead = rec.wrapping_add(a.per * PF_RECORDS);
             for l in 0..lines {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
+            }
+            if a.stream {
+                let far = rec.wrapping_add(a.per * super::vnni::PF_FAR);
+                for l in 0..lines {
+                    _mm_prefetch::<_MM_HINT_T1>(far.wrapping_add(64 * l) as *const i8);
+                }
             }
         }
     }
