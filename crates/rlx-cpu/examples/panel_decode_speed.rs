@@ -9,7 +9,8 @@
 //! decode step; more: a batched decode step); `HEAD=0` leaves the head out (a prefill runs it on one
 //! row only); `VIA=panels` keeps many `F32` rows on the panel kernel
 //! instead of the dequantizing GEMM that `matmul` picks for them. A timing aid; asserts
-//! nothing.
+//! nothing. `LAYERS` (default 30) sets how many layers' weights there are:
+//! with one, they stay in L2 between steps.
 use rlx_cpu::kernels::quant_panels::{PanelPath, QuantPanels};
 use rlx_ir::{ActivationPrecision, QuantScheme};
 use std::time::Instant;
@@ -56,7 +57,11 @@ fn gguf(scheme: QuantScheme, n: usize, k: usize, seed: u64) -> Vec<u8> {
 }
 
 fn run(act: ActivationPrecision) {
-    let (d, ff, kv, vocab, layers) = (576usize, 1536usize, 192usize, 49152usize, 30usize);
+    let (d, ff, kv, vocab) = (576usize, 1536usize, 192usize, 49152usize);
+    let layers: usize = std::env::var("LAYERS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(30);
     let mut mats = Vec::new();
     for l in 0..layers as u64 {
         for (i, (n, k)) in [(d, d), (kv, d), (kv, d), (d, d), (ff, d), (ff, d), (d, ff)]
