@@ -1,17 +1,30 @@
 //! Time of one MiniLM-sized attention call (q/k/v read out of a packed QKV
 //! buffer, all-ones keep-mask), single- and multi-threaded, in f32 and bf16;
 //! the batch is the first argument (default 1), `f32` or `bf16` as the
-//! second runs only that one. A timing aid;
-//! asserts nothing.
+//! second runs only that one. `SHAPE=smollm2` instead times SmolLM2-135M's
+//! prefill attention (9 query heads on 3 kv heads of 64 dims, causal, q/k/v
+//! out of one packed buffer). A timing aid; asserts nothing.
 use rlx_cpu::kernels::attention::{attention, AttentionParams, AttnMask};
 use rlx_ir::MaskKind;
 use std::time::Instant;
 
 fn main() {
     let b: usize = std::env::args().nth(1).map_or(1, |a| a.parse().unwrap());
-    let (s, h, d) = (128usize, 12usize, 32usize);
+    let smol = std::env::var("SHAPE").as_deref() == Ok("smollm2");
+    let (s, h, hkv, d) = if smol {
+        (
+            128usize,
+            std::env::var("H").map_or(9, |v| v.parse().unwrap()),
+            3usize,
+            64usize,
+        )
+    } else {
+        (128, 12, 12, 32)
+    };
     let w = h * d;
-    let qkv: Vec<f32> = (0..b * s * 3 * w)
+    let kw = hkv * d;
+    let row = w + 2 * kw;
+    let qkv: Vec<f32> = (0..b * s * row)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
         .collect();
     let mask = vec![1f32; b * s];
@@ -21,14 +34,18 @@ fn main() {
         seq_q: s,
         seq_k: s,
         num_heads: h,
-        num_kv_heads: h,
+        num_kv_heads: hkv,
         head_dim: d,
         scale: 1.0 / (d as f32).sqrt(),
         softcap: None,
-        mask_kind: MaskKind::Custom,
-        q_row_stride: 3 * w,
-        k_row_stride: 3 * w,
-        v_row_stride: 3 * w,
+        mask_kind: if smol {
+            MaskKind::Causal
+        } else {
+            MaskKind::Custom
+        },
+        q_row_stride: row,
+        k_row_stride: row,
+        v_row_stride: row,
         out_row_stride: w,
         bf16: false,
     };
@@ -48,8 +65,12 @@ fn main() {
                 &p,
                 &qkv,
                 &qkv[w..],
-                &qkv[2 * w..],
-                AttnMask::KeepF32(&mask),
+                &qkv[w + kw..],
+                if smol {
+                    AttnMask::None
+                } else {
+                    AttnMask::KeepF32(&mask)
+                },
                 &mut out,
                 parallel,
             )

@@ -925,6 +925,29 @@ fn attention_by_head(
         })
 }
 
+/// Parts (of whole query blocks, `1..=blocks`) to cut each (batch, head)
+/// into, for `heads` of them on `threads`: the fewest parts whose tasks
+/// spread evenly. Every part packs the keys it sees, so a part more costs
+/// packing; it pays where the heads do not divide among the threads
+/// (SmolLM2's 9 heads on 2 threads: 5 heads on one thread, 4 on the
+/// other; in halves, 9 and 9) or are fewer than the threads (MiniLM 1x128:
+/// 12 on 16 threads).
+fn head_parts(heads: usize, threads: usize, blocks: usize) -> usize {
+    if heads < threads {
+        // Parts for every thread (the busiest's share is one part either
+        // way, but smaller parts even out what the threads' speeds do not).
+        return threads.div_ceil(heads).min(blocks).max(1);
+    }
+    // The busiest thread's share, in whole heads, with `parts` parts each.
+    let busiest = |parts: usize| (heads * parts).div_ceil(threads) as f64 / parts as f64;
+    let best = (1..=blocks.max(1))
+        .map(busiest)
+        .fold(f64::INFINITY, f64::min);
+    (1..=blocks.max(1))
+        .find(|&parts| busiest(parts) <= best * 1.05)
+        .unwrap_or(1)
+}
+
 /// Attention with K and V packed once per (batch, head), one task each.
 fn attention_packed(
     p: &AttentionParams,
@@ -937,15 +960,8 @@ fn attention_packed(
 ) -> Result<(), KernelError> {
     let heads = p.batch * p.num_heads;
     let threads = if parallel { num_threads() } else { 1 };
-    // Fewer (batch, head) pairs than threads (MiniLM 1x128 has 12 on 16
-    // threads): each head's query rows in parts of whole blocks, one task
-    // each (every part packs the keys it sees).
     let blocks = p.seq_q.div_ceil(PACKED_ROWS);
-    let parts = if heads < threads {
-        threads.div_ceil(heads).min(blocks)
-    } else {
-        1
-    };
+    let parts = head_parts(heads, threads, blocks);
     let part_rows = blocks.div_ceil(parts) * PACKED_ROWS;
     let tasks = heads * parts;
     let task = |t: usize| {
@@ -1065,5 +1081,30 @@ pub fn attention(
             run_block(bi, chunk, &mut scores)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::head_parts;
+
+    #[test]
+    fn heads_are_cut_only_where_they_do_not_spread_evenly() {
+        // (heads, threads, blocks) -> parts
+        for (case, want) in [
+            ((9, 2, 2), 2),
+            ((12, 2, 2), 1),
+            ((12, 16, 2), 2),
+            ((384, 16, 2), 1),
+            ((9, 8, 2), 2),
+            ((9, 16, 2), 2),
+            ((1, 16, 4), 4),
+            ((9, 1, 2), 1),
+            ((9, 2, 1), 1),
+            ((3, 2, 0), 1),
+        ] {
+            let (h, t, b) = case;
+            assert_eq!(head_parts(h, t, b), want, "{case:?}");
+        }
     }
 }
