@@ -21,6 +21,8 @@ actor, then ``materialize()``; only the embedder class differs.
 - Also reported: the seconds the actors spent inside `__call__` (each batch
   returns its own time), as rows per actor-second: the libraries' own
   single-thread throughput without Ray's scheduling and the actors' start.
+- ``--bf16`` adds rlx with ``precision="bf16"`` (opt-in bf16 matmuls) as a
+  fourth row; the others stay fp32.
 - Checks every run: as many rows out as in, each input row once (by an id
   column); each library's embeddings against sentence-transformers in one
   process (min cosine).
@@ -62,6 +64,16 @@ class RlxEmbedder:
         t0 = time.perf_counter()
         emb = self.model.encode(table.column("text"), batch_size=32)
         return with_embedding(table, emb, time.perf_counter() - t0)
+
+
+class RlxBf16Embedder(RlxEmbedder):
+    """rlx.SentenceEmbedder with ``precision="bf16"`` (opt-in: bf16 matmul
+    operands, f32 sums; AMX tiles where the CPU has them), one per actor."""
+
+    def __init__(self, model_dir: str, threads: int) -> None:
+        import rlx
+
+        self.model = rlx.SentenceEmbedder(model_dir, threads=threads, precision="bf16")
 
 
 class StEmbedder:
@@ -145,6 +157,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model-dir", type=Path, default=default_model_dir())
     ap.add_argument("--fastembed-dir", type=Path, default=DEFAULT_FASTEMBED_DIR)
+    ap.add_argument("--bf16", action="store_true",
+                    help="also run rlx with precision='bf16' (opt-in; its min cos vs ST is reported)")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "python_ray.json")
     a = ap.parse_args()
 
@@ -175,6 +189,8 @@ def main() -> int:
         corpus, batch_size=32, normalize_embeddings=True, convert_to_numpy=True).astype(np.float64)
 
     libs = {"rlx": (RlxEmbedder, mdir), "sentence-transformers": (StEmbedder, mdir)}
+    if a.bf16:
+        libs["rlx bf16"] = (RlxBf16Embedder, mdir)
     fe_note = None
     if a.fastembed_dir.is_dir():
         libs["fastembed"] = (FastembedEmbedder, str(a.fastembed_dir))
