@@ -12,12 +12,7 @@ fn main() {
     let b: usize = std::env::args().nth(1).map_or(1, |a| a.parse().unwrap());
     let smol = std::env::var("SHAPE").as_deref() == Ok("smollm2");
     let (s, h, hkv, d) = if smol {
-        (
-            128usize,
-            std::env::var("H").map_or(9, |v| v.parse().unwrap()),
-            3usize,
-            64usize,
-        )
+        (128usize, 9usize, 3usize, 64usize)
     } else {
         (128, 12, 12, 32)
     };

@@ -862,11 +862,22 @@ impl Args {
     }
 }
 
+/// How many records (about 20 KiB) ahead a panel's first pass also hints
+/// into L2 when few rows make the kernel stream-bound ([`Args::stream`]),
+/// in the AVX-512 and the AVX2 kernels. The L1 hints alone keep only as
+/// many lines in flight as the core has fill buffers, too few to cover
+/// memory latency. `panel_decode_speed` (SmolLM2's matmuls, one row, 2
+/// threads of the dev Xeon, interleaved): `F32` 4.8 -> 3.4 ms, `Int8`
+/// 3.3 -> 2.65 ms per step (16 and 32 records: 4.3 and 4.2 ms `F32`;
+/// 128 and 256: 3.5 and 3.9 ms).
+#[cfg(target_arch = "x86_64")]
+const PF_FAR: usize = 64;
+
 #[cfg(target_arch = "x86_64")]
 // Register tiles are indexed [c] by loops over their const sizes.
 #[allow(clippy::needless_range_loop)]
 mod vnni {
-    use super::{Acts, Args, Kind, QuantPanels, PANEL, Q4_0, Q4_1, Q8_0, QK};
+    use super::{Acts, Args, Kind, QuantPanels, PANEL, PF_FAR, Q4_0, Q4_1, Q8_0, QK};
     use std::arch::x86_64::*;
 
     /// Panel `p` against activation rows `c0..` of `acts`, 8, 4, 2 or 1
@@ -913,16 +924,6 @@ mod vnni {
     /// or memory, and the hardware prefetcher alone keeps too few lines in
     /// flight on one core.
     const PF_RECORDS: usize = 8;
-
-    /// How many records (about 20 KiB) ahead a panel's first pass also
-    /// hints into L2 when few rows make the kernel stream-bound
-    /// ([`Args::stream`]). The L1 hints alone keep only as many lines in
-    /// flight as the core has fill buffers, too few to cover memory
-    /// latency. `panel_decode_speed` (SmolLM2's matmuls, one row, 2
-    /// threads of the dev Xeon, interleaved): `F32` 4.8 -> 3.4 ms, `Int8`
-    /// 3.3 -> 2.65 ms per step (16 and 32 records: 4.3 and 4.2 ms `F32`;
-    /// 128 and 256: 3.5 and 3.9 ms).
-    pub(super) const PF_FAR: usize = 64;
 
     /// Four activation bytes (elements `e..e + 4` of row `row`) in every
     /// 32-bit lane.
@@ -1313,7 +1314,7 @@ mod avx2 {
     }
 
     /// Prefetches the record `PF_RECORDS` after `rec` on the first pass,
-    /// and for few rows also the record `vnni::PF_FAR` after it into L2
+    /// and for few rows also the record [`PF_FAR`] after it into L2
     /// (as the AVX-512 kernels do).
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -1325,7 +1326,7 @@ mod avx2 {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
             }
             if a.stream {
-                let far = rec.wrapping_add(a.per * super::vnni::PF_FAR);
+                let far = rec.wrapping_add(a.per * super::PF_FAR);
                 for l in 0..lines {
                     _mm_prefetch::<_MM_HINT_T1>(far.wrapping_add(64 * l) as *const i8);
                 }
